@@ -1,0 +1,86 @@
+"""The FastAPI application: routes, lifespan, error handlers. Nothing else lives here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from proxy.chat import chat_completions
+from proxy.config import Settings, load_settings
+from proxy.errors import NotFound, ProxyError, error_body
+from proxy.logs import log
+from proxy.passthrough import passthrough
+from proxy.responses import JSON, error_response
+from proxy.state import ProxyState, state_of
+from proxy.store import open_store
+from proxy.tokens import ensure_encodings
+from proxy.upstream import Upstream
+
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; settings default to config file / environment / built-ins."""
+    settings = settings or load_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ensure_encodings()
+        store = open_store(settings.store)
+        upstream = Upstream()
+        app.state.proxy = ProxyState.create(settings, upstream, store)
+        try:
+            yield
+        finally:
+            await upstream.aclose()
+            await store.close()
+
+    app = FastAPI(title="ctxproxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    app.add_api_route("/healthz", healthz, methods=["GET"])
+    app.add_api_route("/readyz", readyz, methods=["GET"])
+    for prefix in ("", "/r/{route}"):
+        app.add_api_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
+        app.add_api_route(prefix + "/v1/{path:path}", passthrough, methods=ALL_METHODS)
+
+    app.add_exception_handler(ProxyError, _proxy_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+    return app
+
+
+async def healthz(request: Request) -> Response:
+    """The process is up and serving."""
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """Ready when the store answers; a load balancer keeps traffic away otherwise."""
+    ok = await state_of(request).store.ping()
+    return JSONResponse({"status": "ready" if ok else "store unreachable", "store": ok}, status_code=200 if ok else 503)
+
+
+async def _proxy_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ProxyError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return error_response(NotFound(f"no such endpoint: {request.method} {request.url.path}"))
+    code = "method_not_allowed" if exc.status_code == 405 else "http_error"
+    return Response(error_body(str(exc.detail), "invalid_request_error", code), status_code=exc.status_code,
+                    media_type=JSON)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    log.error("unexpected error", exc_info=exc, extra={"fields": {"path": request.url.path}})
+    return Response(error_body("internal proxy error; see the proxy log", "proxy_error", "internal_error"),
+                    status_code=500, media_type=JSON)

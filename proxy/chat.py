@@ -1,0 +1,100 @@
+"""POST /v1/chat/completions: the request path, top to bottom.
+
+parse → route → tenant/session → pipeline → upstream → stream back → log.
+Each step is a call into its own module; this function only sequences them.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.conversation import Conversation, RequestContext
+from proxy.errors import ProxyError
+from proxy.logs import event
+from proxy.pipeline import run_pipeline
+from proxy.responses import error_response, read_body, relay_response, relay_stream
+from proxy.routing import api_key_of, resolve_route, session_id, tenant_id
+from proxy.state import state_of
+from proxy.upstream import iter_raw, read_body as read_upstream_body, request_headers, response_headers, upstream_url
+
+SSE = "text/event-stream"
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(8)
+
+
+async def chat_completions(request: Request) -> Response:
+    st = state_of(request)
+    t0 = time.perf_counter()
+    log = {"request_id": new_request_id(), "path": request.url.path}
+    headers = {"x-ctxproxy-request-id": log["request_id"]}
+    try:
+        raw = await read_body(request, st.settings.server.max_body_bytes)
+        conv = Conversation.parse(raw)
+        model = conv.body.get("model")
+        route = resolve_route(st.settings, request.path_params.get("route"), request.headers, model)
+        tenant = tenant_id(api_key_of(request.headers), st.settings.tenant_salt)
+        session = session_id(request.headers, tenant, route, conv.body)
+        stream = conv.body.get("stream") is True
+        log.update(route=route.name, model=model, session=session, tenant=tenant, stream=stream,
+                   messages=len(conv.messages), bytes_in=len(raw))
+        headers.update({"x-ctxproxy-route": route.name, "x-ctxproxy-session": session})
+        ctx = RequestContext(request_id=log["request_id"], route=route, tenant=tenant, session=session,
+                             model=model, stream=stream)
+
+        conv = await run_pipeline(st.pipelines[route.name], conv, ctx)
+
+        body = conv.to_bytes()
+        log.update(rewritten=conv.changed, events=[e.kind for e in conv.events])
+        url = upstream_url(route.upstream, "chat/completions", request.url.query)
+        out_headers = request_headers(request.headers.items(), route.upstream, identity_encoding=True)
+        t_sent = time.perf_counter()
+        resp = await st.upstream.send("POST", url, out_headers, body, route.upstream)
+    except ProxyError as err:
+        _finish(log, t0, status=err.status, error=err.code)
+        return error_response(err, headers)
+    t_head = time.perf_counter()
+    log.update(overhead_ms=round((t_sent - t0) * 1000, 3), upstream_headers_ms=round((t_head - t_sent) * 1000, 3))
+    headers_out = response_headers(resp.headers, decoded=True) + list(headers.items())
+
+    if resp.headers.get("content-type", "").startswith(SSE):
+        return relay_stream(_relay_sse(resp, url, log, t0), resp.status_code, headers_out)
+    try:
+        content = await read_upstream_body(resp, url)
+    except ProxyError as err:
+        _finish(log, t0, status=err.status, error=err.code)
+        return error_response(err, headers)
+    _finish(log, t0, status=resp.status_code, bytes_out=len(content))
+    return relay_response(content, resp.status_code, headers_out)
+
+
+async def _relay_sse(resp, url: str, log: dict, t0: float) -> AsyncIterator[bytes]:
+    """Chunk by chunk as they arrive; a broken upstream ends the stream with an SSE error event, not a hang."""
+    sent = 0
+    status, error = resp.status_code, None
+    first: float | None = None
+    try:
+        async for chunk in iter_raw(resp, url):
+            if first is None:
+                first = time.perf_counter()
+            sent += len(chunk)
+            yield chunk
+    except ProxyError as err:
+        status, error = err.status, err.code
+        yield b"data: " + err.body() + b"\n\n"
+    finally:
+        if first is not None:
+            log["ttfb_ms"] = round((first - t0) * 1000, 3)
+        _finish(log, t0, status=status, bytes_out=sent, error=error)
+
+
+def _finish(log: dict, t0: float, **fields: object) -> None:
+    log.update({k: v for k, v in fields.items() if v is not None})
+    log["total_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    event("request", **log)

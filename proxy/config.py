@@ -1,0 +1,255 @@
+"""config.yaml → typed, validated settings with per-route overrides.
+
+Shape: global `defaults` for every transform section, per-model facts, and a
+list of routes that override any default. A route's effective section is the
+deep merge of `defaults.<section>` and `routes[i].<section>`; each pipeline
+transform declares the pydantic model of its own section (see
+`proxy.pipeline.SECTION_MODELS`), so adding a transform never touches this file.
+
+Invalid configuration fails at start with one line naming the key and the fault.
+Precedence, highest first: CLI flag, environment (`CTXPROXY_*`), file, built-in.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from proxy.errors import ConfigError
+
+DEFAULT_UPSTREAM = "https://api.openai.com/v1"
+DEFAULT_STORE = "sqlite:///./ctxproxy.db"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+# Largest request body accepted (bytes). Agent histories with offloadable tool
+# output reach a few MB; 32 MiB leaves room while bounding memory per request.
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_ROUTE = "default"
+ROUTE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class UpstreamSettings(_Strict):
+    """Where a route forwards to, and with which credentials."""
+
+    base_url: str = DEFAULT_UPSTREAM
+    # None: forward the client's Authorization header. Otherwise the name of an
+    # environment variable holding the key the proxy injects instead.
+    api_key_env: str | None = None
+    connect_timeout: float = Field(default=10.0, gt=0)  # seconds to open a connection
+    read_timeout: float = Field(default=600.0, gt=0)  # seconds between bytes; long generations
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"must start with http:// or https://, got {v!r}")
+        return v.rstrip("/")
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class ModelFacts(_Strict):
+    """What the proxy cannot guess about a model."""
+
+    context_window: int | None = Field(default=None, gt=0)
+    encoding: str | None = None
+
+
+class RouteMatch(_Strict):
+    model: str | None = None  # fnmatch glob on the request's `model`
+
+
+class ServerSettings(_Strict):
+    host: str = DEFAULT_HOST
+    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
+
+
+class LoggingSettings(_Strict):
+    level: str = "info"
+    # Message content never reaches the log unless this is switched on.
+    log_content: bool = False
+
+    @field_validator("level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        if v.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError("must be one of debug, info, warning, error")
+        return v.lower()
+
+
+class Route(_Strict):
+    """One route with its sections already merged over the global defaults."""
+
+    name: str
+    match: RouteMatch = RouteMatch()
+    upstream: UpstreamSettings
+    sections: Mapping[str, BaseModel] = Field(default_factory=dict)
+
+    def section(self, name: str) -> Any:
+        return self.sections.get(name)
+
+
+class Settings(_Strict):
+    upstream: UpstreamSettings = UpstreamSettings()
+    store: str = DEFAULT_STORE
+    admin_token: str | None = None
+    # Key for the tenant hash; replicas sharing a store must share it.
+    tenant_salt: str = "ctxproxy-tenant-v1"
+    server: ServerSettings = ServerSettings()
+    logging: LoggingSettings = LoggingSettings()
+    models: Mapping[str, ModelFacts] = Field(default_factory=dict)
+    routes: tuple[Route, ...] = ()
+
+    def route(self, name: str) -> Route | None:
+        for r in self.routes:
+            if r.name == name:
+                return r
+        return None
+
+
+class _RouteFile(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    match: RouteMatch = RouteMatch()
+    upstream: dict[str, Any] = Field(default_factory=dict)
+
+
+class _ConfigFile(_Strict):
+    upstream: dict[str, Any] = Field(default_factory=dict)
+    store: str = DEFAULT_STORE
+    admin_token_env: str | None = None
+    tenant_salt: str = "ctxproxy-tenant-v1"
+    server: ServerSettings = ServerSettings()
+    logging: LoggingSettings = LoggingSettings()
+    models: dict[str, ModelFacts] = Field(default_factory=dict)
+    defaults: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    routes: list[_RouteFile] = Field(default_factory=list)
+
+
+def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _where(prefix: str, err: dict[str, Any]) -> str:
+    parts = [prefix] if prefix else []
+    for p in err["loc"]:
+        if isinstance(p, int):
+            parts[-1:] = [f"{parts[-1]}[{p}]"] if parts else [f"[{p}]"]
+        else:
+            parts.append(str(p))
+    return ".".join(parts)
+
+
+def _validate(model: type[BaseModel], data: Any, prefix: str, source: str) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        raise ConfigError(f"{source}: {_where(prefix, err)}: {msg}") from None
+
+
+def _section_models() -> Mapping[str, type[BaseModel]]:
+    from proxy.pipeline import SECTION_MODELS
+
+    return SECTION_MODELS
+
+
+def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None = None,
+                   source: str = "config") -> Settings:
+    """Validate a parsed config mapping (plus environment overrides) into Settings."""
+    env = os.environ if env is None else env
+    raw = dict(raw or {})
+    if "CTXPROXY_STORE" in env:
+        raw["store"] = env["CTXPROXY_STORE"]
+    file = _validate(_ConfigFile, raw, "", source)
+    upstream_raw = dict(file.upstream)
+    if "CTXPROXY_UPSTREAM" in env:
+        upstream_raw["base_url"] = env["CTXPROXY_UPSTREAM"]
+    upstream = _validate(UpstreamSettings, upstream_raw, "upstream", source)
+    server = file.server.model_dump()
+    if "CTXPROXY_HOST" in env:
+        server["host"] = env["CTXPROXY_HOST"]
+    if "CTXPROXY_PORT" in env:
+        server["port"] = env["CTXPROXY_PORT"]
+    server_s = _validate(ServerSettings, server, "server", f"{source} (or CTXPROXY_HOST/PORT)")
+    if not file.store.startswith(("sqlite://", "redis://", "rediss://")):
+        raise ConfigError(f"{source}: store: expected sqlite:///path.db or redis://host:port/db, got {file.store!r}")
+
+    models = _section_models()
+    for name in file.defaults:
+        if name not in models:
+            raise ConfigError(f"{source}: defaults.{name}: unknown section (known: {', '.join(sorted(models)) or 'none'})")
+
+    routes: list[Route] = []
+    route_files = list(file.routes)
+    if not any(r.name == DEFAULT_ROUTE for r in route_files):
+        route_files.append(_RouteFile(name=DEFAULT_ROUTE))
+    seen: set[str] = set()
+    for i, rf in enumerate(route_files):
+        where = f"routes[{i}]"
+        if not ROUTE_NAME.match(rf.name):
+            raise ConfigError(f"{source}: {where}.name: only letters, digits, '.', '_' and '-' allowed, got {rf.name!r}")
+        if rf.name in seen:
+            raise ConfigError(f"{source}: {where}.name: duplicate route name {rf.name!r}")
+        seen.add(rf.name)
+        extra = dict(rf.model_extra or {})
+        for name in extra:
+            if name not in models:
+                raise ConfigError(f"{source}: {where}.{name}: unknown key")
+        sections = {}
+        for name, model in models.items():
+            merged = _deep_merge(file.defaults.get(name, {}), extra.get(name) or {})
+            sections[name] = _validate(model, merged, f"{where}.{name}", source)
+        route_up = _validate(UpstreamSettings, _deep_merge(upstream.model_dump(), rf.upstream),
+                             f"{where}.upstream", source)
+        routes.append(Route(name=rf.name, match=rf.match, upstream=route_up, sections=sections))
+
+    admin = env.get("CTXPROXY_ADMIN_TOKEN") or (env.get(file.admin_token_env) if file.admin_token_env else None)
+    return Settings(upstream=upstream, store=file.store, admin_token=admin or None,
+                    tenant_salt=env.get("CTXPROXY_TENANT_SALT", file.tenant_salt), server=server_s,
+                    logging=file.logging, models=file.models, routes=tuple(routes))
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Read the config file (explicit path, else $CTXPROXY_CONFIG, else built-in defaults)."""
+    env = os.environ if env is None else env
+    path = path or env.get("CTXPROXY_CONFIG")
+    if not path:
+        return build_settings({}, env, source="built-in defaults")
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read config file: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{p}: not valid YAML{line}: {getattr(e, 'problem', e)}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of settings")
+    return build_settings(raw, env, source=str(p))

@@ -1,0 +1,101 @@
+"""A chat request in transit: the client's raw bytes, the parsed body, and what was done to it.
+
+Byte preservation is the default: until a transform marks the conversation
+changed, `to_bytes()` returns exactly the bytes the client sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.config import Route
+from proxy.errors import BadRequest
+from proxy.jsonio import JsonStyle
+
+_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
+
+
+@dataclass
+class Event:
+    """One thing the proxy did to a request (for headers, logs and stats)."""
+
+    kind: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    request_id: str
+    route: Route
+    tenant: str
+    session: str
+    model: str | None
+    stream: bool
+
+
+@dataclass
+class Conversation:
+    raw: bytes
+    body: dict[str, Any]
+    changed: bool = False
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.body["messages"]
+
+    def set_messages(self, messages: list[dict[str, Any]]) -> None:
+        self.body["messages"] = messages
+        self.changed = True
+
+    def to_bytes(self) -> bytes:
+        if not self.changed:
+            return self.raw
+        return JsonStyle.sniff(self.raw).dumps(self.body)
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Conversation:
+        """Parse and check a chat-completions body; anything malformed is a 400, never a 500."""
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+        check_chat_body(body)
+        return cls(raw=raw, body=body)
+
+
+def check_chat_body(body: Any) -> None:
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", param="model")
+    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise BadRequest("'tools' must be an array", param="tools")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise BadRequest("'messages' is required and must be an array", param="messages")
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise BadRequest(f"{where} must be an object", param=where)
+        role = m.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise BadRequest(f"{where}.role must be one of {', '.join(sorted(_ROLES))}", param=f"{where}.role")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise BadRequest(f"{where}.content must be a string, an array of parts or null",
+                             param=f"{where}.content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, (dict, str)):
+                    raise BadRequest(f"{where}.content[{j}] must be an object", param=f"{where}.content[{j}]")
+        calls = m.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise BadRequest(f"{where}.tool_calls must be an array", param=f"{where}.tool_calls")

@@ -1,0 +1,78 @@
+"""Every failure a client can see, as one small hierarchy with OpenAI-shaped bodies.
+
+Agents and SDKs parse `{"error": {"message", "type", "param", "code"}}`; an error
+the proxy itself raises must look exactly like one from the provider so that the
+client's own retry and reporting logic keeps working unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> bytes:
+    """The OpenAI error envelope, serialized once."""
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+class ProxyError(Exception):
+    """An error the proxy answers itself; subclasses fix status, type and code."""
+
+    status: int = 500
+    type: str = "proxy_error"
+    code: str | None = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.code, self.param)
+
+    def to_dict(self) -> dict[str, Any]:
+        return orjson.loads(self.body())
+
+
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_admin_token"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class PayloadTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UpstreamUnreachable(ProxyError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"
+
+
+class ConfigError(Exception):
+    """Invalid configuration: the message names the key and what is wrong, on one line."""

@@ -1,0 +1,49 @@
+"""Structured JSON logs: one line per request, never a key, never content unless asked.
+
+Fields are chosen by the caller from a fixed vocabulary (ids, route, model,
+session, status, timings, counts); message text only goes in when
+`logging.log_content` is on.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import orjson
+
+LOGGER_NAME = "ctxproxy"
+log = logging.getLogger(LOGGER_NAME)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if fields:
+            out.update(fields)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(out, default=str).decode()
+
+
+def setup_logging(level: str = "info") -> None:
+    """Route ctxproxy's and uvicorn's logs through one JSON handler on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    for name in (LOGGER_NAME, "uvicorn", "uvicorn.error"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = [handler]
+        lg.setLevel(level.upper())
+        lg.propagate = False
+
+
+def event(msg: str, level: int = logging.INFO, **fields: Any) -> None:
+    if log.isEnabledFor(level):
+        log.log(level, msg, extra={"fields": fields})

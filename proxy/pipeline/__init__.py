@@ -1,0 +1,47 @@
+"""The ordered list of transforms that rewrite a chat request on its way upstream.
+
+Each transform is a small class in its own module with a `name` (its config
+section), a pydantic `Settings` model for that section, and
+`async def apply(conv, ctx) -> Conversation`, idempotent on its own output.
+Reading `TRANSFORMS` top to bottom is reading what the proxy does to a request.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel
+
+from proxy.config import Route
+from proxy.conversation import Conversation, RequestContext
+
+
+class Transform(Protocol):
+    name: ClassVar[str]
+    Settings: ClassVar[type[BaseModel]]
+
+    def __init__(self, settings: Any) -> None: ...
+
+    async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation: ...
+
+
+# Ordered: offload → compress → status bar, as each lands.
+TRANSFORMS: list[type[Transform]] = []
+
+SECTION_MODELS: dict[str, type[BaseModel]] = {t.name: t.Settings for t in TRANSFORMS}
+
+
+def build_pipeline(route: Route) -> list[Transform]:
+    """The transforms enabled for one route, built once per route at start."""
+    out: list[Transform] = []
+    for t in TRANSFORMS:
+        settings = route.section(t.name)
+        if settings is not None and getattr(settings, "enabled", True):
+            out.append(t(settings))
+    return out
+
+
+async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: RequestContext) -> Conversation:
+    for transform in pipeline:
+        conv = await transform.apply(conv, ctx)
+    return conv

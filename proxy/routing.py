@@ -1,0 +1,76 @@
+"""Request → route, tenant and session.
+
+The tenant is a keyed hash of the client's API key, never the key itself; every
+stored thing is namespaced by it. The session id is the client's
+`X-Session-Id`, else derived from what every turn of one agent run re-sends
+unchanged: tenant, route, system message(s) and the first user message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from fnmatch import fnmatchcase
+from typing import Any
+
+from proxy.config import DEFAULT_ROUTE, Route, Settings
+from proxy.errors import BadRequest, NotFound
+from proxy.tokens import message_digest
+
+ROUTE_HEADER = "x-ctx-route"
+SESSION_HEADER = "x-session-id"
+_ANONYMOUS = "anonymous"
+_MAX_SESSION_ID = 200  # characters of a client-given session id
+
+
+def resolve_route(settings: Settings, path_route: str | None, headers: Mapping[str, str],
+                  model: str | None) -> Route:
+    """Path prefix, else `X-Ctx-Route`, else first `match.model` glob, else `default`."""
+    for name, how in ((path_route, "path /r/{route}/v1"), (headers.get(ROUTE_HEADER), "header X-Ctx-Route")):
+        if name:
+            route = settings.route(name)
+            if route is None:
+                known = ", ".join(r.name for r in settings.routes)
+                raise NotFound(f"unknown route {name!r} (from {how}); configured routes: {known}",
+                               code="route_not_found")
+            return route
+    if model:
+        for route in settings.routes:
+            if route.match.model and fnmatchcase(model, route.match.model):
+                return route
+    route = settings.route(DEFAULT_ROUTE)
+    assert route is not None  # build_settings always adds it
+    return route
+
+
+def api_key_of(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return headers.get("api-key") or headers.get("x-api-key") or None
+
+
+def tenant_id(api_key: str | None, salt: str) -> str:
+    """A keyed hash of the key: stable across replicas sharing the salt, useless to an attacker."""
+    if not api_key:
+        return _ANONYMOUS
+    return hmac.new(salt.encode(), api_key.encode(), hashlib.sha256).hexdigest()[:24]
+
+
+def session_id(headers: Mapping[str, str], tenant: str, route: Route, body: Mapping[str, Any]) -> str:
+    given = headers.get(SESSION_HEADER)
+    if given is not None:
+        given = given.strip()
+        if not given or len(given) > _MAX_SESSION_ID or not given.isprintable():
+            raise BadRequest(f"X-Session-Id must be 1-{_MAX_SESSION_ID} printable characters", param="X-Session-Id")
+        return given
+    h = hashlib.blake2b(digest_size=12)
+    h.update(f"{tenant}\0{route.name}\0".encode())
+    for m in body.get("messages") or ():
+        if m.get("role") in ("system", "developer"):
+            h.update(message_digest(m))
+        elif m.get("role") == "user":
+            h.update(message_digest(m))
+            break
+    return "s-" + h.hexdigest()

@@ -1,0 +1,29 @@
+"""What one proxy process holds for its lifetime: settings, the upstream client, the store, pipelines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from proxy.config import Settings
+from proxy.pipeline import Transform, build_pipeline
+from proxy.store import Store
+from proxy.upstream import Upstream
+
+
+@dataclass
+class ProxyState:
+    settings: Settings
+    upstream: Upstream
+    store: Store
+    pipelines: dict[str, list[Transform]] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, settings: Settings, upstream: Upstream, store: Store) -> ProxyState:
+        pipelines = {r.name: build_pipeline(r) for r in settings.routes}
+        return cls(settings=settings, upstream=upstream, store=store, pipelines=pipelines)
+
+
+def state_of(request: Request) -> ProxyState:
+    return request.app.state.proxy

@@ -1,0 +1,168 @@
+"""The durable-state contract every backend implements, plus the pieces they share."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from typing import Any, Protocol, runtime_checkable
+
+import orjson
+
+# Random bytes in a lock token: enough that two holders never collide.
+LOCK_TOKEN_BYTES = 16
+# Millisecond floor for a TTL; Redis rejects PX 0, so tiny TTLs round up to this.
+MIN_TTL_MS = 1
+MS_PER_S = 1000
+
+
+class StoreError(Exception):
+    """A backend failed (unreachable, busy, corrupt, closed).
+
+    Every backend exception is wrapped in this one type, with the original kept as
+    ``__cause__``, so callers catch ``StoreError`` and degrade instead of crashing.
+    Messages name the operation and the backend error, never a stored value.
+    """
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Shared, durable key/value state for the proxy.
+
+    Keys are plain strings that callers namespace themselves (``t:{tenant}:blob:{h}``).
+    ``ttl`` is seconds (float) or ``None`` for no expiry; an expired entry reads as
+    absent. Blobs and JSON records share one keyspace; counters, logs and locks each
+    have their own, so a counter and a blob under the same key are independent.
+    Every conditional write (``*_if_absent``, ``incr``, locks) is atomic across all
+    store instances on the same backend, including ones in other processes.
+    """
+
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def put(self, key: str, value: bytes, ttl: float | None = None) -> None: ...
+
+    async def put_if_absent(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        """Store ``value`` only if ``key`` is absent (or expired); True if this call stored it."""
+        ...
+
+    async def get_json(self, key: str) -> Any | None: ...
+
+    async def put_json(self, key: str, value: Any, ttl: float | None = None) -> None: ...
+
+    async def put_json_if_absent(self, key: str, value: Any, ttl: float | None = None) -> bool: ...
+
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """Blobs for ``keys`` in order, ``None`` where absent, in one round trip."""
+        ...
+
+    async def delete(self, key: str) -> None:
+        """Forget ``key``: its blob/record, counter and log (not locks)."""
+        ...
+
+    async def incr(self, key: str, amount: int | float = 1) -> int | float:
+        """Add ``amount`` atomically; float if ``amount`` is a float, else int when integral."""
+        ...
+
+    async def get_counter(self, key: str) -> int | float: ...
+
+    async def counters(self, prefix: str) -> dict[str, int | float]: ...
+
+    async def keys(self, prefix: str) -> list[str]:
+        """Sorted, unexpired blob/record keys starting with ``prefix``."""
+        ...
+
+    async def append_log(
+        self, key: str, value: bytes, max_len: int | None = None, ttl: float | None = None
+    ) -> None:
+        """Append to a list, keeping the newest ``max_len``; ``ttl`` (re)sets the whole log's expiry."""
+        ...
+
+    async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
+        """Entries ``start..end`` inclusive; negative indexes count from the end (like LRANGE)."""
+        ...
+
+    async def acquire_lock(self, name: str, lease: float) -> str | None:
+        """A fresh token if the lock was free or its lease had run out, else None."""
+        ...
+
+    async def renew_lock(self, name: str, token: str, lease: float) -> bool: ...
+
+    async def release_lock(self, name: str, token: str) -> bool: ...
+
+    async def ping(self) -> bool:
+        """True if the backend answers; never raises."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class _Blobs(Protocol):
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def put(self, key: str, value: bytes, ttl: float | None = None) -> None: ...
+
+    async def put_if_absent(self, key: str, value: bytes, ttl: float | None = None) -> bool: ...
+
+
+class JsonRecordsMixin:
+    """JSON records on top of a backend's blob operations, so both backends agree byte for byte."""
+
+    async def get_json(self: _Blobs, key: str) -> Any | None:
+        raw = await self.get(key)
+        if raw is None:
+            return None
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise StoreError(f"record at {key!r} is not valid JSON") from exc
+
+    async def put_json(self: _Blobs, key: str, value: Any, ttl: float | None = None) -> None:
+        await self.put(key, orjson.dumps(value), ttl)
+
+    async def put_json_if_absent(self: _Blobs, key: str, value: Any, ttl: float | None = None) -> bool:
+        return await self.put_if_absent(key, orjson.dumps(value), ttl)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_ttl(ttl: float | None) -> float | None:
+    """Validate a TTL (or lock lease) in seconds; ``None`` means no expiry."""
+    if ttl is None:
+        return None
+    if not _is_number(ttl) or ttl <= 0:
+        raise ValueError(f"ttl must be a positive number of seconds or None, got {ttl!r}")
+    return float(ttl)
+
+
+def ttl_ms(ttl: float) -> int:
+    """A validated TTL in whole milliseconds, never below ``MIN_TTL_MS``."""
+    return max(MIN_TTL_MS, round(ttl * MS_PER_S))
+
+
+def check_max_len(max_len: int | None) -> int | None:
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+        raise ValueError(f"max_len must be a positive int or None, got {max_len!r}")
+    return max_len
+
+
+def check_amount(amount: int | float) -> int | float:
+    if not _is_number(amount):
+        raise TypeError(f"counter amount must be a finite int or float, got {amount!r}")
+    return amount
+
+
+def as_number(value: int | float) -> int | float:
+    """Counters read back as int when integral, else float (the same on every backend)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def incr_result(amount: int | float, total: int | float) -> int | float:
+    """What ``incr`` returns: a float for float amounts, else ``as_number(total)``."""
+    return float(total) if isinstance(amount, float) else as_number(total)
+
+
+def new_lock_token() -> str:
+    return secrets.token_hex(LOCK_TOKEN_BYTES)

@@ -1,0 +1,231 @@
+"""Redis backend: shared state for several proxy replicas."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import RedisError, ResponseError
+
+from .base import (
+    JsonRecordsMixin, StoreError, as_number, check_amount, check_max_len, check_ttl, incr_result, new_lock_token,
+    ttl_ms,
+)
+
+DEFAULT_PREFIX = "ctxproxy:"
+# An unreachable Redis must fail fast so callers degrade instead of stalling requests.
+CONNECT_TIMEOUT_S = 2.0
+# Upper bound on one command's round trip once connected.
+SOCKET_TIMEOUT_S = 5.0
+# One quick retry on a dropped connection (e.g. a pooled socket the server closed).
+RETRIES = 1
+RETRY_BACKOFF_BASE_S = 0.01
+RETRY_BACKOFF_CAP_S = 0.1
+# Keys the server examines per SCAN round trip.
+SCAN_COUNT = 500
+# Characters special in a SCAN MATCH pattern, escaped so a prefix matches literally.
+GLOB_SPECIALS = "\\*?[]"
+
+# Sub-namespaces under the prefix, one per kind of value, mirroring the SQLite tables
+# so keys()/counters() only see their own kind and delete() can reach all three.
+_BLOB, _COUNTER, _LOG, _LOCK = "b:", "c:", "l:", "lock:"
+
+# Renew/release only if the caller still holds the lock (its token is the stored value).
+_RENEW_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisStore(JsonRecordsMixin):
+    """The proxy's state in Redis, so several replicas share one view of it.
+
+    Every conditional write is a single Redis command or Lua script (SET NX, INCRBY,
+    token-checked lock scripts), so it is atomic across every client and replica:
+    a decision recorded once is replayed identically everywhere. TTLs are native
+    Redis expiry. Everything lives under ``prefix`` (default ``ctxproxy:``) so the
+    proxy can share a database with other users. Backend failures surface as
+    ``StoreError`` within about ``CONNECT_TIMEOUT_S`` rather than hanging a request.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+        socket_timeout: float = SOCKET_TIMEOUT_S,
+    ) -> None:
+        self.prefix = prefix
+        self._client: aioredis.Redis = aioredis.Redis.from_url(
+            url,
+            decode_responses=False,
+            socket_connect_timeout=connect_timeout,
+            socket_timeout=socket_timeout,
+            retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP_S, base=RETRY_BACKOFF_BASE_S), RETRIES),
+        )
+        if self._client.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError("redis store URL must not set decode_responses; the store works in bytes")
+        self._renew = self._client.register_script(_RENEW_LUA)
+        self._release = self._client.register_script(_RELEASE_LUA)
+
+    def _k(self, kind: str, key: str) -> bytes:
+        return f"{self.prefix}{kind}{key}".encode()
+
+    @contextmanager
+    def _errors(self, op: str) -> Iterator[None]:
+        try:
+            yield
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"redis {op} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def _scan(self, kind: str, prefix: str) -> list[bytes]:
+        head = f"{self.prefix}{kind}"
+        pattern = _glob_escape(head + prefix) + "*"
+        found: set[bytes] = set()  # SCAN may repeat a key
+        async for raw in self._client.scan_iter(match=pattern.encode(), count=SCAN_COUNT):
+            found.add(raw)
+        return sorted(found)
+
+    def _strip(self, kind: str, raw: bytes) -> str:
+        return raw.decode()[len(self.prefix) + len(kind) :]
+
+    # ---- blobs and records ----------------------------------------------------
+
+    async def get(self, key: str) -> bytes | None:
+        with self._errors("get"):
+            return await self._client.get(self._k(_BLOB, key))
+
+    async def put(self, key: str, value: bytes, ttl: float | None = None) -> None:
+        ttl = check_ttl(ttl)
+        with self._errors("put"):
+            await self._client.set(self._k(_BLOB, key), value, px=None if ttl is None else ttl_ms(ttl))
+
+    async def put_if_absent(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        ttl = check_ttl(ttl)
+        with self._errors("put_if_absent"):
+            stored = await self._client.set(
+                self._k(_BLOB, key), value, nx=True, px=None if ttl is None else ttl_ms(ttl)
+            )
+        return bool(stored)
+
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+        with self._errors("get_many"):
+            return list(await self._client.mget([self._k(_BLOB, k) for k in keys]))
+
+    async def delete(self, key: str) -> None:
+        with self._errors("delete"):
+            await self._client.delete(self._k(_BLOB, key), self._k(_COUNTER, key), self._k(_LOG, key))
+
+    async def keys(self, prefix: str) -> list[str]:
+        with self._errors("keys"):
+            raw = await self._scan(_BLOB, prefix)
+        return sorted(self._strip(_BLOB, r) for r in raw)
+
+    # ---- counters -------------------------------------------------------------
+
+    async def incr(self, key: str, amount: int | float = 1) -> int | float:
+        check_amount(amount)
+        k = self._k(_COUNTER, key)
+        with self._errors("incr"):
+            if isinstance(amount, int):
+                try:
+                    return await self._client.incrby(k, amount)
+                except ResponseError:
+                    pass  # the counter holds a non-integer (or would overflow): add as float
+            total = await self._client.incrbyfloat(k, amount)
+        return incr_result(amount, _parse_number(total))
+
+    async def get_counter(self, key: str) -> int | float:
+        with self._errors("get_counter"):
+            raw = await self._client.get(self._k(_COUNTER, key))
+        return 0 if raw is None else _parse_number(raw)
+
+    async def counters(self, prefix: str) -> dict[str, int | float]:
+        with self._errors("counters"):
+            names = await self._scan(_COUNTER, prefix)
+            values = await self._client.mget(names) if names else []
+        return {
+            self._strip(_COUNTER, name): _parse_number(raw)
+            for name, raw in zip(names, values)
+            if raw is not None  # deleted between SCAN and MGET
+        }
+
+    # ---- logs -----------------------------------------------------------------
+
+    async def append_log(
+        self, key: str, value: bytes, max_len: int | None = None, ttl: float | None = None
+    ) -> None:
+        max_len, ttl = check_max_len(max_len), check_ttl(ttl)
+        k = self._k(_LOG, key)
+        with self._errors("append_log"):
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.rpush(k, value)
+                if max_len is not None:
+                    pipe.ltrim(k, -max_len, -1)
+                if ttl is not None:
+                    pipe.pexpire(k, ttl_ms(ttl))
+                await pipe.execute()
+
+    async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
+        with self._errors("read_log"):
+            return list(await self._client.lrange(self._k(_LOG, key), start, end))
+
+    # ---- locks ----------------------------------------------------------------
+
+    async def acquire_lock(self, name: str, lease: float) -> str | None:
+        lease = check_ttl(lease)
+        token = new_lock_token()
+        with self._errors("acquire_lock"):
+            won = await self._client.set(self._k(_LOCK, name), token.encode(), nx=True, px=ttl_ms(lease))
+        return token if won else None
+
+    async def renew_lock(self, name: str, token: str, lease: float) -> bool:
+        lease = check_ttl(lease)
+        with self._errors("renew_lock"):
+            done = await self._renew(keys=[self._k(_LOCK, name)], args=[token.encode(), ttl_ms(lease)])
+        return done == 1
+
+    async def release_lock(self, name: str, token: str) -> bool:
+        with self._errors("release_lock"):
+            done = await self._release(keys=[self._k(_LOCK, name)], args=[token.encode()])
+        return done == 1
+
+    # ---- lifecycle ------------------------------------------------------------
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._client.ping())
+        except Exception:
+            return False
+
+    async def close(self) -> None:
+        with self._errors("close"):
+            await self._client.aclose()
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in GLOB_SPECIALS else ch for ch in text)
+
+
+def _parse_number(raw: bytes | float | int) -> int | float:
+    """Counter text from Redis ("3", "2.5") as int when integral, else float."""
+    if isinstance(raw, (int, float)):
+        return as_number(raw)
+    try:
+        return int(raw)
+    except ValueError:
+        return as_number(float(raw))

@@ -1,0 +1,339 @@
+"""Embedded SQLite backend: the default store, one file, no server."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .base import (
+    JsonRecordsMixin, StoreError, as_number, check_amount, check_max_len, check_ttl, incr_result, new_lock_token,
+)
+
+# How long a write waits for another process's lock on the same file before failing.
+BUSY_TIMEOUT_MS = 5_000
+# Minimum seconds between opportunistic purges of expired rows during writes.
+PURGE_INTERVAL_S = 60.0
+# Keys bound per "SELECT ... IN (...)"; well under SQLite's host-parameter limit.
+MAX_IN_PARAMS = 500
+# Highest Unicode code point and the UTF-16 surrogate gap (not storable as UTF-8 text).
+MAX_CODEPOINT = 0x10FFFF
+SURROGATE_FIRST, SURROGATE_LAST = 0xD800, 0xDFFF
+MEMORY_PATH = ":memory:"
+# Pause between retries of connection setup while another process holds the file.
+SETUP_RETRY_S = 0.01
+# Extended SQLite result codes keep the primary code in their low byte.
+PRIMARY_CODE_MASK = 0xFF
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, value BLOB NOT NULL, expires_at REAL);
+CREATE INDEX IF NOT EXISTS blobs_expiry ON blobs (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS log_meta (key TEXT PRIMARY KEY, next_seq INTEGER NOT NULL, expires_at REAL);
+CREATE TABLE IF NOT EXISTS log_items (
+    key TEXT NOT NULL, seq INTEGER NOT NULL, value BLOB NOT NULL, PRIMARY KEY (key, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS locks (name TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at REAL NOT NULL);
+"""
+_LIVE = "(expires_at IS NULL OR expires_at > :now)"
+# ":now + :ttl" is NULL (never expires) when ttl is None.
+_UPSERT_BLOB = (
+    "INSERT INTO blobs (key, value, expires_at) VALUES (:key, :value, :now + :ttl)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at"
+)
+_PURGE = (
+    "DELETE FROM blobs WHERE expires_at <= :now",
+    "DELETE FROM locks WHERE expires_at <= :now",
+    "DELETE FROM log_items WHERE key IN (SELECT key FROM log_meta WHERE expires_at <= :now)",
+    "DELETE FROM log_meta WHERE expires_at <= :now",
+)
+
+T = TypeVar("T")
+Params = dict[str, Any]
+
+
+class SqliteStore(JsonRecordsMixin):
+    """The proxy's state in a single SQLite file, so one replica needs no other service.
+
+    Durable: WAL + synchronous=NORMAL, so a handle written before a restart resolves
+    after it (a power cut may lose only the last few commits, never corrupt the file).
+    All access runs on one dedicated worker thread, so the event loop never blocks on
+    disk and this instance's operations are serialized. Conditional writes are single
+    upsert statements or BEGIN IMMEDIATE transactions, so they stay atomic against
+    other processes on the same file (which wait up to ``BUSY_TIMEOUT_MS``).
+    Expiry uses wall-clock time, so TTLs survive restarts. Counters are REAL: exact
+    for integers up to 2**53.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxproxy-sqlite")
+        self._conn: sqlite3.Connection | None = None  # created and used only on the worker thread
+        self._next_purge = 0.0
+        self._closed = False
+
+    async def _run(self, op: str, fn: Callable[[sqlite3.Connection, Params], T], **params: Any) -> T:
+        """Run ``fn(conn, params)`` on the worker thread; ``params["now"]`` is bound there."""
+        if self._closed:
+            raise StoreError(f"sqlite {op}: store is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, self._call, fn, params)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"sqlite {op} failed on {self.path}: {exc}") from exc
+
+    def _call(self, fn: Callable[[sqlite3.Connection, Params], T], params: Params) -> T:
+        conn = self._connection()
+        params["now"] = time.time()
+        return fn(conn, params)
+
+    async def _rows(self, op: str, sql: str, **params: Any) -> list[Any]:
+        return await self._run(op, lambda conn, p: conn.execute(sql, p).fetchall(), **params)
+
+    async def _changed(self, op: str, sql: str, **params: Any) -> bool:
+        """Run one write statement; True if it changed exactly one row."""
+
+        def write(conn: sqlite3.Connection, p: Params) -> bool:
+            self._maybe_purge(conn, p["now"])
+            return conn.execute(sql, p).rowcount == 1
+
+        return await self._run(op, write, **params)
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is not None:
+            return self._conn
+        if self.path != MEMORY_PATH:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                # Switching a fresh file to WAL fails at once (no busy wait) if another
+                # process is opening it too; every setup step is idempotent, so retry.
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+                conn.executescript(_SCHEMA)
+                self._purge(conn, time.time())
+                break
+            except sqlite3.OperationalError as exc:
+                if _is_busy(exc) and time.monotonic() < deadline:
+                    time.sleep(SETUP_RETRY_S)
+                    continue
+                conn.close()
+                raise
+            except BaseException:
+                conn.close()
+                raise
+        self._conn = conn
+        return conn
+
+    def _purge(self, conn: sqlite3.Connection, now: float) -> None:
+        with _transaction(conn, "BEGIN IMMEDIATE"):
+            for sql in _PURGE:
+                conn.execute(sql, {"now": now})
+        self._next_purge = now + PURGE_INTERVAL_S
+
+    def _maybe_purge(self, conn: sqlite3.Connection, now: float) -> None:
+        if now >= self._next_purge:
+            self._purge(conn, now)
+
+    # Blobs and JSON records.
+
+    async def get(self, key: str) -> bytes | None:
+        rows = await self._rows("get", f"SELECT value FROM blobs WHERE key = :key AND {_LIVE}", key=key)
+        return bytes(rows[0][0]) if rows else None
+
+    async def put(self, key: str, value: bytes, ttl: float | None = None) -> None:
+        await self._changed("put", _UPSERT_BLOB, key=key, value=bytes(value), ttl=check_ttl(ttl))
+
+    async def put_if_absent(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        # An expired row counts as absent, so the upsert may take it over.
+        sql = _UPSERT_BLOB + " WHERE blobs.expires_at IS NOT NULL AND blobs.expires_at <= :now"
+        return await self._changed("put_if_absent", sql, key=key, value=bytes(value), ttl=check_ttl(ttl))
+
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+
+        def read(conn: sqlite3.Connection, p: Params) -> dict[str, bytes]:
+            found: dict[str, bytes] = {}
+            unique = list(dict.fromkeys(keys))
+            with _transaction(conn, "BEGIN"):  # one snapshot across chunks
+                for i in range(0, len(unique), MAX_IN_PARAMS):
+                    chunk = unique[i : i + MAX_IN_PARAMS]
+                    marks = ",".join(f":k{j}" for j in range(len(chunk)))
+                    binds = {f"k{j}": k for j, k in enumerate(chunk)} | {"now": p["now"]}
+                    rows = conn.execute(f"SELECT key, value FROM blobs WHERE key IN ({marks}) AND {_LIVE}", binds)
+                    found.update((k, bytes(v)) for k, v in rows)
+            return found
+
+        found = await self._run("get_many", read)
+        return [found.get(k) for k in keys]
+
+    async def delete(self, key: str) -> None:
+        def forget(conn: sqlite3.Connection, p: Params) -> None:
+            with _transaction(conn, "BEGIN IMMEDIATE"):
+                for table in ("blobs", "counters", "log_meta", "log_items"):
+                    conn.execute(f"DELETE FROM {table} WHERE key = :key", p)
+
+        await self._run("delete", forget, key=key)
+
+    async def keys(self, prefix: str) -> list[str]:
+        where, bounds = _prefix_clause(prefix)
+        rows = await self._rows("keys", f"SELECT key FROM blobs WHERE {where} AND {_LIVE}", **bounds)
+        return sorted(k for (k,) in rows)
+
+    # Counters (no expiry).
+
+    async def incr(self, key: str, amount: int | float = 1) -> int | float:
+        # fetchall() finishes the statement, so the write commits before returning.
+        sql = (
+            "INSERT INTO counters (key, value) VALUES (:key, :amount) ON CONFLICT (key)"
+            " DO UPDATE SET value = value + excluded.value RETURNING value"
+        )
+        rows = await self._rows("incr", sql, key=key, amount=check_amount(amount))
+        return incr_result(amount, rows[0][0])
+
+    async def get_counter(self, key: str) -> int | float:
+        rows = await self._rows("get_counter", "SELECT value FROM counters WHERE key = :key", key=key)
+        return as_number(rows[0][0]) if rows else 0
+
+    async def counters(self, prefix: str) -> dict[str, int | float]:
+        where, bounds = _prefix_clause(prefix)
+        rows = await self._rows("counters", f"SELECT key, value FROM counters WHERE {where}", **bounds)
+        return {k: as_number(v) for k, v in rows}
+
+    # Logs: items numbered by seq; log_meta holds the next seq and the whole log's expiry.
+
+    async def append_log(
+        self, key: str, value: bytes, max_len: int | None = None, ttl: float | None = None
+    ) -> None:
+        max_len, ttl = check_max_len(max_len), check_ttl(ttl)
+
+        def append(conn: sqlite3.Connection, p: Params) -> None:
+            self._maybe_purge(conn, p["now"])
+            with _transaction(conn, "BEGIN IMMEDIATE"):
+                seq, expires_at = _live_log_meta(conn, p) or (0, None)
+                if ttl is not None:
+                    expires_at = p["now"] + ttl
+                conn.execute(
+                    "INSERT INTO log_meta (key, next_seq, expires_at) VALUES (?, ?, ?) ON CONFLICT (key)"
+                    " DO UPDATE SET next_seq = excluded.next_seq, expires_at = excluded.expires_at",
+                    (key, seq + 1, expires_at),
+                )
+                conn.execute("INSERT INTO log_items (key, seq, value) VALUES (?, ?, ?)", (key, seq, bytes(value)))
+                if max_len is not None:
+                    conn.execute("DELETE FROM log_items WHERE key = ? AND seq <= ?", (key, seq - max_len))
+
+        await self._run("append_log", append, key=key)
+
+    async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
+        def read(conn: sqlite3.Connection, p: Params) -> list[bytes]:
+            with _transaction(conn, "BEGIN"):  # count and slice from one snapshot
+                if _live_log_meta(conn, p, clear_expired=False) is None:
+                    return []
+                (n,) = conn.execute("SELECT COUNT(*) FROM log_items WHERE key = :key", p).fetchone()
+                lo, hi = _lrange_bounds(n, start, end)
+                if lo > hi:
+                    return []
+                rows = conn.execute(
+                    "SELECT value FROM log_items WHERE key = ? ORDER BY seq LIMIT ? OFFSET ?", (key, hi - lo + 1, lo)
+                )
+                return [bytes(v) for (v,) in rows]
+
+        return await self._run("read_log", read, key=key)
+
+    # Locks: a row per name; an expired row is free for the taking.
+
+    async def acquire_lock(self, name: str, lease: float) -> str | None:
+        token = new_lock_token()
+        sql = (
+            "INSERT INTO locks (name, token, expires_at) VALUES (:name, :token, :now + :lease)"
+            " ON CONFLICT (name) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at"
+            " WHERE locks.expires_at <= :now"
+        )
+        won = await self._changed("acquire_lock", sql, name=name, token=token, lease=check_ttl(lease))
+        return token if won else None
+
+    async def renew_lock(self, name: str, token: str, lease: float) -> bool:
+        sql = "UPDATE locks SET expires_at = :now + :lease WHERE name = :name AND token = :token AND expires_at > :now"
+        return await self._changed("renew_lock", sql, name=name, token=token, lease=check_ttl(lease))
+
+    async def release_lock(self, name: str, token: str) -> bool:
+        sql = "DELETE FROM locks WHERE name = :name AND token = :token AND expires_at > :now"
+        return await self._changed("release_lock", sql, name=name, token=token)
+
+    # Lifecycle.
+
+    async def ping(self) -> bool:
+        try:
+            await self._rows("ping", "SELECT 1")
+        except Exception:
+            return False
+        return True
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        def shut() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, shut)
+        finally:
+            self._executor.shutdown(wait=False)
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection, begin: str) -> Iterator[None]:
+    conn.execute(begin)
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _live_log_meta(conn: sqlite3.Connection, p: Params, clear_expired: bool = True) -> tuple[int, float | None] | None:
+    """``(next_seq, expires_at)`` of a live log; an expired one is dropped when ``clear_expired``."""
+    row = conn.execute("SELECT next_seq, expires_at FROM log_meta WHERE key = :key", p).fetchone()
+    if row is None or row[1] is None or row[1] > p["now"]:
+        return row
+    if clear_expired:
+        conn.execute("DELETE FROM log_items WHERE key = :key", p)
+        conn.execute("DELETE FROM log_meta WHERE key = :key", p)
+    return None
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & PRIMARY_CODE_MASK in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _lrange_bounds(n: int, start: int, end: int) -> tuple[int, int]:
+    """Redis LRANGE index rules: negatives count from the end, out-of-range ends are clamped."""
+    lo = start + n if start < 0 else start
+    hi = end + n if end < 0 else end
+    return max(lo, 0), min(hi, n - 1)
+
+
+def _prefix_clause(prefix: str) -> tuple[str, dict[str, str]]:
+    """An index-friendly ``key`` range covering exactly the keys that start with ``prefix``."""
+    stem = prefix.rstrip(chr(MAX_CODEPOINT))
+    if not stem:
+        return "key >= :lo", {"lo": prefix}
+    nxt = ord(stem[-1]) + 1
+    if SURROGATE_FIRST <= nxt <= SURROGATE_LAST:
+        nxt = SURROGATE_LAST + 1
+    return "key >= :lo AND key < :hi", {"lo": prefix, "hi": stem[:-1] + chr(nxt)}

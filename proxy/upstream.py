@@ -1,0 +1,129 @@
+"""The one shared HTTP client to providers, streaming passthrough and error mapping.
+
+httpx's API over an aiohttp transport: httpx's default transport is most of a
+bare proxy's overhead (DESIGN.md, performance notes); aiohttp keeps it near the
+floor. Responses stream chunk by chunk as they arrive; nothing is buffered
+whole unless the caller reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+
+import aiohttp
+import httpx
+from httpx_aiohttp import AiohttpTransport
+
+from proxy.config import UpstreamSettings
+from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
+
+# Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus ones
+# the transport recomputes.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+})
+# Proxy-only request headers never sent on.
+_PROXY_HEADERS = frozenset({"x-ctx-route"})
+# Connection pool: one proxy worker serves many concurrent agent streams.
+MAX_CONNECTIONS = 1000
+MAX_KEEPALIVE = 200
+_WRITE_TIMEOUT = 60.0  # seconds to send a request body
+
+
+def _dropped(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
+    extra = set()
+    for k, v in headers:
+        if k.lower() == "connection":
+            extra.update(t.strip().lower() for t in v.split(","))
+    return HOP_BY_HOP | extra
+
+
+def request_headers(client_headers: Iterable[tuple[str, str]], upstream: UpstreamSettings,
+                    *, identity_encoding: bool = False) -> list[tuple[str, str]]:
+    """The client's headers for the provider: hop-by-hop removed, key injected if configured."""
+    items = list(client_headers)
+    drop = _dropped(items) | _PROXY_HEADERS
+    key = upstream.api_key()
+    if key:
+        drop = drop | {"authorization", "api-key", "x-api-key"}
+    if identity_encoding:
+        drop = drop | {"accept-encoding"}
+    out = [(k, v) for k, v in items if k.lower() not in drop]
+    if key:
+        out.append(("authorization", f"Bearer {key}"))
+    if identity_encoding:
+        out.append(("accept-encoding", "identity"))
+    return out
+
+
+def response_headers(upstream_headers: httpx.Headers, *, decoded: bool = False) -> list[tuple[str, str]]:
+    """The provider's response headers for the client, less hop-by-hop ones.
+
+    `decoded`: the body is passed on decompressed, so its encoding header goes too.
+    """
+    items = list(upstream_headers.multi_items())
+    drop = _dropped(items)
+    if decoded:
+        drop = drop | {"content-encoding"}
+    return [(k, v) for k, v in items if k.lower() not in drop]
+
+
+def upstream_url(upstream: UpstreamSettings, tail: str, query: str) -> str:
+    """Base URL + the part of the client's path after `/v1`, with its query string."""
+    url = upstream.base_url + "/" + tail.lstrip("/")
+    return f"{url}?{query}" if query else url
+
+
+def _transport_error(exc: Exception, url: str) -> ProxyError:
+    where = httpx.URL(url).copy_with(query=None)
+    host = f"{where.scheme}://{where.host}" + (f":{where.port}" if where.port else "")
+    cause = exc.__cause__
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(
+            cause, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectorError)):
+        return UpstreamTimeout(f"upstream {host} timed out ({type(cause or exc).__name__})")
+    reason = str(cause or exc) or type(cause or exc).__name__
+    return UpstreamUnreachable(f"upstream {host} unreachable: {reason}")
+
+
+class Upstream:
+    """Owns the shared client; one per process, closed at shutdown."""
+
+    def __init__(self) -> None:
+        limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE)
+        self.client = httpx.AsyncClient(transport=AiohttpTransport(limits=limits, trust_env=True), timeout=None)
+
+    async def send(self, method: str, url: str, headers: list[tuple[str, str]], content: bytes | None,
+                   settings: UpstreamSettings) -> httpx.Response:
+        """Send and return as soon as the status line and headers arrive (body still streaming)."""
+        timeout = httpx.Timeout(connect=settings.connect_timeout, read=settings.read_timeout,
+                                write=_WRITE_TIMEOUT, pool=settings.connect_timeout)
+        req = self.client.build_request(method, url, headers=headers, content=content, timeout=timeout)
+        try:
+            return await self.client.send(req, stream=True)
+        except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
+            raise _transport_error(e, url) from e
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+async def iter_raw(resp: httpx.Response, url: str) -> AsyncIterator[bytes]:
+    """The body as it arrives; a transport failure mid-body raises a ProxyError, and the response is closed."""
+    try:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
+        raise _transport_error(e, url) from e
+    finally:
+        await resp.aclose()
+
+
+async def read_body(resp: httpx.Response, url: str) -> bytes:
+    """The whole (decoded) body, for responses the proxy must look into."""
+    try:
+        return await resp.aread()
+    except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
+        raise _transport_error(e, url) from e
+    finally:
+        await resp.aclose()
