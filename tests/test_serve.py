@@ -1,0 +1,104 @@
+"""`ctxproxy serve` as a user runs it: a real process, env configuration, JSON logs, readiness, clean stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+KEY = "sk-live-SECRET-never-logged"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen, url: str, log: Path) -> None:
+        self.proc, self.url, self.log = proc, url, log
+
+    def log_lines(self) -> list[dict]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+
+
+def serve(tmp_path: Path, env_extra: dict[str, str], *args: str) -> Served:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
+    env.update(env_extra)
+    log = tmp_path / "proxy.log"
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), *args],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return Served(proc, url, log)
+        except httpx.TransportError:
+            time.sleep(0.05)
+        if proc.poll() is not None:
+            raise AssertionError(f"ctxproxy serve exited: {log.read_text()}")
+    proc.kill()
+    raise AssertionError("ctxproxy serve did not become healthy")
+
+
+def stop(s: Served) -> bool:
+    """SIGTERM; True when the server shut down gracefully (uvicorn re-raises the signal after)."""
+    s.proc.send_signal(signal.SIGTERM)
+    code = s.proc.wait(timeout=30)
+    return code in (0, -signal.SIGTERM) and "shutdown complete" in s.log.read_text()
+
+
+def test_serve_on_embedded_default_with_env_upstream(tmp_path, upstream):
+    s = serve(tmp_path, {"CTXPROXY_UPSTREAM": upstream.base_url})
+    try:
+        assert httpx.get(s.url + "/readyz").json()["store"] is True
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0)
+        upstream.script("hello from mock")
+        out = client.chat.completions.create(model="gpt-4o-mini",
+                                             messages=[{"role": "user", "content": "TOP-SECRET-CONTENT"}])
+        assert out.choices[0].message.content == "hello from mock"
+        assert "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="gpt-4o-mini", stream=True, messages=[{"role": "user", "content": "x"}]) if c.choices) == "ok"
+    finally:
+        assert stop(s)
+    assert (tmp_path / "ctxproxy.db").exists()  # the embedded store, in the working directory
+    text = s.log.read_text()
+    assert KEY not in text and "TOP-SECRET-CONTENT" not in text
+    requests = [line for line in s.log_lines() if line.get("msg") == "request"]
+    assert len(requests) == 2
+    first = requests[0]
+    for field in ("request_id", "route", "model", "session", "status", "overhead_ms", "total_ms"):
+        assert field in first, field
+    assert first["status"] == 200 and first["model"] == "gpt-4o-mini" and first["route"] == "default"
+    assert requests[1]["stream"] is True and "ttfb_ms" in requests[1]
+
+
+@pytest.mark.parametrize("store,ready", [("redis://127.0.0.1:6379/15", True), ("redis://127.0.0.1:1/0", False)])
+def test_readiness_follows_the_store_and_traffic_flows_regardless(tmp_path, upstream, store, ready):
+    s = serve(tmp_path, {"CTXPROXY_UPSTREAM": upstream.base_url, "CTXPROXY_STORE": store})
+    try:
+        r = httpx.get(s.url + "/readyz", timeout=10)
+        assert r.status_code == (200 if ready else 503) and r.json()["store"] is ready
+        chat = httpx.post(s.url + "/v1/chat/completions", headers={"authorization": "Bearer k"},
+                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+        assert chat.status_code == 200
+    finally:
+        stop(s)
+
+
+def test_serve_with_missing_config_file_explains_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "--config", str(tmp_path / "nope.yaml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "config file not found" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,442 @@
+"""One behavioural contract, run against every Store backend (SQLite file and real Redis).
+
+Redis tests use CTXPROXY_TEST_REDIS_URL (default redis://127.0.0.1:6379/15) under a
+random key prefix per test, removed afterwards. If Redis is unreachable they FAIL,
+unless CTXPROXY_SKIP_REDIS=1, in which case they skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis.asyncio as aioredis
+
+from proxy.store import RedisStore, SqliteStore, Store, StoreError, open_store
+
+REDIS_URL = os.environ.get("CTXPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+SKIP_REDIS = os.environ.get("CTXPROXY_SKIP_REDIS") == "1"
+# Short TTLs/leases keep the suite fast; the sleeps leave a wide margin past them.
+SHORT_TTL = 0.2
+PAST_SHORT_TTL = 0.45
+CONCURRENT_CALLS = 20
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class Backend:
+    """Opens store instances that share one backend: the same SQLite file, or the same Redis db+prefix."""
+
+    def __init__(self, kind: str, tmp_path: Path) -> None:
+        self.kind = kind
+        self.path = tmp_path / "not-yet-created" / "state.db"
+        self.prefix = f"ctxproxy-test:{uuid.uuid4().hex}:"
+        self.opened: list[Store] = []
+
+    def open(self) -> Store:
+        store: Store
+        if self.kind == "sqlite":
+            store = SqliteStore(self.path)
+        else:
+            store = RedisStore(REDIS_URL, prefix=self.prefix)
+        self.opened.append(store)
+        return store
+
+    async def cleanup(self) -> None:
+        for store in self.opened:
+            try:
+                await store.close()
+            except StoreError:
+                pass
+        if self.kind == "redis":
+            raw = aioredis.Redis.from_url(REDIS_URL)
+            try:
+                doomed = [k async for k in raw.scan_iter(match=f"{self.prefix}*")]
+                if doomed:
+                    await raw.delete(*doomed)
+            finally:
+                await raw.aclose()
+
+
+BACKEND_KEY = pytest.StashKey[Backend]()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    backend = Backend(request.param, tmp_path)
+    first = backend.open()
+    if backend.kind == "redis" and not await first.ping():
+        await first.close()
+        where = _redacted(REDIS_URL)
+        if SKIP_REDIS:
+            pytest.skip(f"Redis unreachable at {where} (CTXPROXY_SKIP_REDIS=1)")
+        pytest.fail(
+            f"Redis unreachable at {where}; start it, set CTXPROXY_TEST_REDIS_URL, or CTXPROXY_SKIP_REDIS=1",
+            pytrace=False,
+        )
+    request.node.stash[BACKEND_KEY] = backend
+    yield first
+    await backend.cleanup()
+
+
+@pytest.fixture
+def backend(store: Store, request: pytest.FixtureRequest) -> Backend:
+    """The backend behind ``store``, for tests that need a second instance on it."""
+    return request.node.stash[BACKEND_KEY]
+
+
+# ---- blobs and records ------------------------------------------------------------
+
+
+async def test_store_satisfies_protocol(store: Store) -> None:
+    assert isinstance(store, Store)
+    assert await store.ping() is True
+
+
+async def test_blob_round_trips_and_overwrites(store: Store) -> None:
+    assert await store.get("t:a:blob:1") is None
+    await store.put("t:a:blob:1", b"\x00first\xff")
+    assert await store.get("t:a:blob:1") == b"\x00first\xff"
+    await store.put("t:a:blob:1", b"second")
+    assert await store.get("t:a:blob:1") == b"second"
+
+
+async def test_blob_survives_reopen(store: Store, backend: Backend) -> None:
+    await store.put("t:a:blob:h1", b"payload")
+    await store.put_json("t:a:rec:1", {"decision": "keep", "n": 3})
+    await store.incr("t:a:tokens", 7)
+    await store.append_log("t:a:log", b"event-1")
+    await store.close()
+
+    reopened = backend.open()
+    assert await reopened.get("t:a:blob:h1") == b"payload"
+    assert await reopened.get_json("t:a:rec:1") == {"decision": "keep", "n": 3}
+    assert await reopened.get_counter("t:a:tokens") == 7
+    assert await reopened.read_log("t:a:log") == [b"event-1"]
+
+
+async def test_json_record_is_recorded_once(store: Store) -> None:
+    first = {"kept": [1, 2, 3], "note": "héllo ✓", "nested": {"ok": True, "none": None}}
+    assert await store.put_json_if_absent("t:a:decision:9", first) is True
+    assert await store.put_json_if_absent("t:a:decision:9", {"kept": []}) is False
+    assert await store.get_json("t:a:decision:9") == first
+    assert await store.get_json("t:a:decision:missing") is None
+
+
+async def test_get_json_on_non_json_blob_raises_store_error(store: Store) -> None:
+    await store.put("t:a:raw", b"\xffnot json")
+    with pytest.raises(StoreError):
+        await store.get_json("t:a:raw")
+
+
+async def test_expired_record_is_gone(store: Store) -> None:
+    await store.put("t:a:short", b"v", ttl=SHORT_TTL)
+    await store.put_json("t:a:short-rec", {"x": 1}, ttl=SHORT_TTL)
+    await store.put("t:a:forever", b"f")
+    assert await store.get("t:a:short") == b"v"
+    assert await store.get_json("t:a:short-rec") == {"x": 1}
+
+    await asyncio.sleep(PAST_SHORT_TTL)
+    assert await store.get("t:a:short") is None
+    assert await store.get_json("t:a:short-rec") is None
+    assert await store.get_many(["t:a:short", "t:a:forever"]) == [None, b"f"]
+    assert await store.keys("t:a:") == ["t:a:forever"]
+    assert await store.put_if_absent("t:a:short", b"new") is True
+    assert await store.get("t:a:short") == b"new"
+
+
+async def test_put_without_ttl_clears_previous_expiry(store: Store) -> None:
+    await store.put("t:a:k", b"v1", ttl=SHORT_TTL)
+    await store.put("t:a:k", b"v2")
+    await asyncio.sleep(PAST_SHORT_TTL)
+    assert await store.get("t:a:k") == b"v2"
+
+
+async def test_put_if_absent_keeps_first_value_under_concurrency(store: Store, backend: Backend) -> None:
+    other = backend.open()
+    instances = [store, other]
+    values = [f"candidate-{i}".encode() for i in range(CONCURRENT_CALLS)]
+    results = await asyncio.gather(
+        *(instances[i % 2].put_if_absent("t:a:once", v, ttl=60) for i, v in enumerate(values))
+    )
+    assert results.count(True) == 1
+    winner = values[results.index(True)]
+    assert await store.get("t:a:once") == winner
+    assert await other.get("t:a:once") == winner
+
+
+async def test_get_many_preserves_order_duplicates_and_gaps(store: Store) -> None:
+    await store.put("t:a:1", b"one")
+    await store.put("t:a:2", b"two")
+    got = await store.get_many(["t:a:2", "t:a:missing", "t:a:1", "t:a:2"])
+    assert got == [b"two", None, b"one", b"two"]
+    assert await store.get_many([]) == []
+
+
+async def test_delete_forgets_blob_counter_and_log(store: Store) -> None:
+    await store.put("t:a:x", b"v")
+    await store.incr("t:a:x", 3)
+    await store.append_log("t:a:x", b"e")
+    await store.put("t:a:y", b"kept")
+    await store.delete("t:a:x")
+    await store.delete("t:a:never-existed")
+    assert await store.get("t:a:x") is None
+    assert await store.get_counter("t:a:x") == 0
+    assert await store.read_log("t:a:x") == []
+    assert await store.get("t:a:y") == b"kept"
+
+
+async def test_keys_with_prefix(store: Store) -> None:
+    for key in ["t:a:2", "t:a:1", "t:ab:3", "t:b:1", "t:[a]*?:1"]:
+        await store.put(key, b"v")
+    await store.put_json("t:a:rec", {"r": 1})
+    await store.incr("t:a:counter")  # counters and logs are not blob/record keys
+    await store.append_log("t:a:log", b"e")
+
+    assert await store.keys("t:a:") == ["t:a:1", "t:a:2", "t:a:rec"]
+    assert await store.keys("t:a") == ["t:a:1", "t:a:2", "t:a:rec", "t:ab:3"]
+    assert await store.keys("t:[a]*?:") == ["t:[a]*?:1"]  # glob characters match literally
+    assert await store.keys("t:[") == ["t:[a]*?:1"]
+    assert await store.keys("t:zz") == []
+    assert "t:b:1" in await store.keys("")
+
+
+# ---- counters ---------------------------------------------------------------------
+
+
+async def test_incr_int(store: Store) -> None:
+    assert await store.get_counter("t:a:n") == 0
+    first = await store.incr("t:a:n")
+    assert first == 1 and isinstance(first, int)
+    assert await store.incr("t:a:n", 41) == 42
+    assert await store.incr("t:a:n", -2) == 40
+    got = await store.get_counter("t:a:n")
+    assert got == 40 and isinstance(got, int)
+
+
+async def test_incr_float(store: Store) -> None:
+    first = await store.incr("t:a:cost", 0.5)
+    assert first == 0.5 and isinstance(first, float)
+    assert await store.incr("t:a:cost", 1.25) == pytest.approx(1.75)
+    assert await store.incr("t:a:cost", 1) == pytest.approx(2.75)  # int onto a fractional counter
+    assert await store.get_counter("t:a:cost") == pytest.approx(2.75)
+    whole = await store.incr("t:a:cost", 0.25)
+    assert whole == 3.0 and isinstance(whole, float)
+    assert await store.get_counter("t:a:cost") == 3  # integral counters read back as int
+    assert await store.incr("t:a:cost", 2) == 5
+
+
+async def test_counters_add_up_across_two_store_instances(store: Store, backend: Backend) -> None:
+    other = backend.open()
+    instances = [store, other]
+    await asyncio.gather(*(instances[i % 2].incr("t:a:req") for i in range(50)))
+    await asyncio.gather(*(instances[i % 2].incr("t:a:usd", 0.25) for i in range(10)))
+    assert await store.get_counter("t:a:req") == 50
+    assert await other.get_counter("t:a:req") == 50
+    assert await other.get_counter("t:a:usd") == pytest.approx(2.5)
+
+
+async def test_counters_by_prefix(store: Store) -> None:
+    await store.incr("t:a:in", 10)
+    await store.incr("t:a:out", 2.5)
+    await store.incr("t:ab:in", 1)
+    await store.incr("t:[a]*:in", 4)
+    await store.put("t:a:blob", b"not a counter")
+    assert await store.counters("t:a:") == {"t:a:in": 10, "t:a:out": 2.5}
+    assert await store.counters("t:[a]*:") == {"t:[a]*:in": 4}
+    assert await store.counters("t:none:") == {}
+
+
+# ---- logs -------------------------------------------------------------------------
+
+
+async def test_log_appends_in_order_and_reads_ranges_like_lrange(store: Store) -> None:
+    for i in range(5):
+        await store.append_log("t:a:s:1:log", f"e{i}".encode())
+    assert await store.read_log("t:a:s:1:log") == [b"e0", b"e1", b"e2", b"e3", b"e4"]
+    assert await store.read_log("t:a:s:1:log", 1, 2) == [b"e1", b"e2"]
+    assert await store.read_log("t:a:s:1:log", -2, -1) == [b"e3", b"e4"]
+    assert await store.read_log("t:a:s:1:log", 3, 100) == [b"e3", b"e4"]
+    assert await store.read_log("t:a:s:1:log", -100, 0) == [b"e0"]
+    assert await store.read_log("t:a:s:1:log", 10, 20) == []
+    assert await store.read_log("t:a:s:1:log", 3, 1) == []
+    assert await store.read_log("t:a:s:missing") == []
+
+
+async def test_log_max_len_keeps_newest(store: Store) -> None:
+    for i in range(7):
+        await store.append_log("t:a:log", f"e{i}".encode(), max_len=3)
+    assert await store.read_log("t:a:log") == [b"e4", b"e5", b"e6"]
+    assert await store.read_log("t:a:log", 0, 0) == [b"e4"]
+
+
+async def test_log_ttl_expires_whole_log(store: Store) -> None:
+    await store.append_log("t:a:log", b"old-1", ttl=SHORT_TTL)
+    await store.append_log("t:a:log", b"old-2")  # no ttl: keeps the log's current expiry
+    assert await store.read_log("t:a:log") == [b"old-1", b"old-2"]
+    await asyncio.sleep(PAST_SHORT_TTL)
+    assert await store.read_log("t:a:log") == []
+    await store.append_log("t:a:log", b"fresh")
+    assert await store.read_log("t:a:log") == [b"fresh"]
+
+
+# ---- locks ------------------------------------------------------------------------
+
+
+async def test_lock_is_exclusive_until_released(store: Store, backend: Backend) -> None:
+    other = backend.open()
+    token = await store.acquire_lock("t:a:compact", lease=30)
+    assert token
+    assert await other.acquire_lock("t:a:compact", lease=30) is None
+    assert await store.acquire_lock("t:a:compact", lease=30) is None
+    assert await other.release_lock("t:a:compact", "not-the-token") is False
+    assert await other.renew_lock("t:a:compact", "not-the-token", 30) is False
+    assert await store.release_lock("t:a:compact", token) is True
+    assert await store.release_lock("t:a:compact", token) is False
+
+    second = await other.acquire_lock("t:a:compact", lease=30)
+    assert second and second != token
+
+
+async def test_lock_has_one_winner_under_concurrency(store: Store, backend: Backend) -> None:
+    other = backend.open()
+    instances = [store, other]
+    tokens = await asyncio.gather(
+        *(instances[i % 2].acquire_lock("t:a:race", lease=30) for i in range(CONCURRENT_CALLS))
+    )
+    assert sum(t is not None for t in tokens) == 1
+
+
+async def test_lock_lease_expires(store: Store, backend: Backend) -> None:
+    other = backend.open()
+    stale = await store.acquire_lock("t:a:job", lease=SHORT_TTL)
+    assert stale
+    assert await other.acquire_lock("t:a:job", lease=SHORT_TTL) is None
+    await asyncio.sleep(PAST_SHORT_TTL)
+
+    fresh = await other.acquire_lock("t:a:job", lease=30)
+    assert fresh and fresh != stale
+    assert await store.renew_lock("t:a:job", stale, 30) is False
+    assert await store.release_lock("t:a:job", stale) is False
+    assert await other.release_lock("t:a:job", fresh) is True
+
+
+async def test_renew_extends_lease(store: Store, backend: Backend) -> None:
+    other = backend.open()
+    token = await store.acquire_lock("t:a:job", lease=0.3)
+    assert token
+    await asyncio.sleep(0.15)
+    assert await store.renew_lock("t:a:job", token, 1.0) is True
+    await asyncio.sleep(0.3)  # past the original lease, inside the renewed one
+    assert await other.acquire_lock("t:a:job", lease=30) is None
+    assert await store.release_lock("t:a:job", token) is True
+
+
+# ---- validation and failure -------------------------------------------------------
+
+
+async def test_rejects_nonsense_ttl_and_max_len(store: Store) -> None:
+    with pytest.raises(ValueError):
+        await store.put("t:a:k", b"v", ttl=0)
+    with pytest.raises(ValueError):
+        await store.put_if_absent("t:a:k", b"v", ttl=-1)
+    with pytest.raises(ValueError):
+        await store.append_log("t:a:log", b"v", max_len=0)
+    with pytest.raises(ValueError):
+        await store.acquire_lock("t:a:lock", lease=0)
+    assert await store.get("t:a:k") is None
+
+
+async def test_unreachable_redis_raises_store_error() -> None:
+    dead = RedisStore("redis://127.0.0.1:1/0", connect_timeout=0.5)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StoreError):
+            await dead.get("t:a:k")
+        with pytest.raises(StoreError):
+            await dead.incr("t:a:n")
+        with pytest.raises(StoreError):
+            await dead.acquire_lock("t:a:lock", lease=1)
+        assert await dead.ping() is False
+    finally:
+        await dead.close()
+    assert time.monotonic() - started < 5
+
+
+async def test_unusable_sqlite_path_raises_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    broken = SqliteStore(blocker / "state.db")
+    try:
+        with pytest.raises(StoreError):
+            await broken.put("t:a:k", b"v")
+        assert await broken.ping() is False
+    finally:
+        await broken.close()
+
+
+async def test_closed_sqlite_store_raises_store_error(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path / "s.db")
+    await s.put("t:a:k", b"v")
+    await s.close()
+    with pytest.raises(StoreError):
+        await s.get("t:a:k")
+    assert await s.ping() is False
+
+
+@pytest.mark.parametrize(
+    ("url", "scheme"),
+    [
+        ("memcached://127.0.0.1:11211", "'memcached'"),
+        ("postgres://user:s3cret@db/x", "'postgres'"),
+        ("state.db", "(none)"),
+    ],
+)
+def test_open_store_rejects_unknown_scheme(url: str, scheme: str) -> None:
+    with pytest.raises(ValueError) as info:
+        open_store(url)
+    message = str(info.value)
+    assert scheme in message
+    assert "sqlite:///" in message and "redis://" in message
+    assert "\n" not in message and "s3cret" not in message
+
+
+def test_open_store_rejects_sqlite_url_without_path() -> None:
+    for url in ("sqlite://", "sqlite:///", "sqlite://relative.db"):
+        with pytest.raises(ValueError, match="sqlite"):
+            open_store(url)
+
+
+async def test_open_store_accepts_documented_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    relative = open_store("sqlite:///rel/dir/a.db")
+    absolute = open_store(f"sqlite:///{tmp_path / 'abs.db'}")  # -> sqlite:////tmp/...
+    memory = open_store("sqlite:///:memory:")
+    try:
+        assert isinstance(relative, SqliteStore) and relative.path == "rel/dir/a.db"
+        assert isinstance(absolute, SqliteStore) and absolute.path == str(tmp_path / "abs.db")
+        assert isinstance(memory, SqliteStore) and memory.path == ":memory:"
+        for s in (relative, absolute, memory):
+            await s.put("k", b"v")
+            assert await s.get("k") == b"v"
+        assert (tmp_path / "rel" / "dir" / "a.db").is_file()
+        assert (tmp_path / "abs.db").is_file()
+    finally:
+        for s in (relative, absolute, memory):
+            await s.close()
+    for url in ("redis://127.0.0.1:6379/0", "rediss://cache.example:6380/2"):
+        remote = open_store(url)
+        assert isinstance(remote, RedisStore)
+        await remote.close()
