@@ -194,7 +194,8 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
         server["port"] = env["CTXPROXY_PORT"]
     server_s = _validate(ServerSettings, server, "server", f"{source} (or CTXPROXY_HOST/PORT)")
     if not file.store.startswith(("sqlite://", "redis://", "rediss://")):
-        raise ConfigError(f"{source}: store: expected sqlite:///path.db or redis://host:port/db, got {file.store!r}")
+        scheme = file.store.split("://", 1)[0] if "://" in file.store else file.store[:20]
+        raise ConfigError(f"{source}: store: expected sqlite:///path.db or redis://host:port/db, got scheme {scheme!r}")
 
     models = _section_models()
     for name in file.defaults:

@@ -121,13 +121,10 @@ class SqliteStore(JsonRecordsMixin):
                 conn.executescript(_SCHEMA)
                 self._purge(conn, time.time())
                 break
-            except sqlite3.OperationalError as exc:
+            except BaseException as exc:
                 if _is_busy(exc) and time.monotonic() < deadline:
                     time.sleep(SETUP_RETRY_S)
                     continue
-                conn.close()
-                raise
-            except BaseException:
                 conn.close()
                 raise
         self._conn = conn
@@ -316,8 +313,8 @@ def _live_log_meta(conn: sqlite3.Connection, p: Params, clear_expired: bool = Tr
     return None
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
+def _is_busy(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None) if isinstance(exc, sqlite3.OperationalError) else None
     return code is not None and code & PRIMARY_CODE_MASK in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
