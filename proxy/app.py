@@ -13,13 +13,13 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.chat import chat_completions
 from proxy.config import Settings, load_settings
+from proxy.encodings import ensure_encodings
 from proxy.errors import NotFound, ProxyError, error_body
 from proxy.logs import log
 from proxy.passthrough import passthrough
 from proxy.responses import JSON, error_response
 from proxy.state import ProxyState, state_of
 from proxy.store import open_store
-from proxy.tokens import ensure_encodings
 from proxy.upstream import Upstream
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

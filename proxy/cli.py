@@ -35,8 +35,8 @@ def _serve(settings: Settings) -> None:
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.encodings import TokenizerUnavailable, ensure_encodings
     from proxy.logs import setup_logging
-    from proxy.tokens import TokenizerUnavailable, ensure_encodings
 
     setup_logging(settings.logging.level)
     try:

