@@ -13,6 +13,10 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
+import httpx
+
+from proxy import toolloop
+from proxy.archive import Archive
 from proxy.conversation import Conversation, RequestContext
 from proxy.errors import ProxyError
 from proxy.logs import event
@@ -20,6 +24,7 @@ from proxy.pipeline import run_pipeline
 from proxy.responses import error_response, read_body, relay_response, relay_stream
 from proxy.routing import api_key_of, resolve_route, session_id, tenant_id
 from proxy.state import state_of
+from proxy.toolloop import Rounds
 from proxy.upstream import iter_raw, read_body as read_upstream_body, request_headers, response_headers, upstream_url
 
 SSE = "text/event-stream"
@@ -46,27 +51,41 @@ async def chat_completions(request: Request) -> Response:
                    messages=len(conv.messages), bytes_in=len(raw))
         headers.update({"x-ctxproxy-route": route.name, "x-ctxproxy-session": session})
         ctx = RequestContext(request_id=log["request_id"], route=route, tenant=tenant, session=session,
-                             model=model, stream=stream)
+                             model=model, stream=stream, store=st.store)
 
         conv = await run_pipeline(st.pipelines[route.name], conv, ctx)
 
         body = conv.to_bytes()
-        log.update(rewritten=conv.changed, events=[e.kind for e in conv.events])
+        log.update(rewritten=conv.changed, **_event_fields(conv))
+        headers.update(_event_headers(conv))
         url = upstream_url(route.upstream, "chat/completions", request.url.query)
         out_headers = request_headers(request.headers.items(), route.upstream, identity_encoding=True)
+
+        async def send(payload: bytes) -> httpx.Response:
+            return await st.upstream.send("POST", url, out_headers, payload, route.upstream)
+
         t_sent = time.perf_counter()
-        resp = await st.upstream.send("POST", url, out_headers, body, route.upstream)
+        resp = await send(body)
     except ProxyError as err:
         _finish(log, t0, status=err.status, error=err.code)
         return error_response(err, headers)
     t_head = time.perf_counter()
     log.update(overhead_ms=round((t_sent - t0) * 1000, 3), upstream_headers_ms=round((t_head - t_sent) * 1000, 3))
     headers_out = response_headers(resp.headers, decoded=True) + list(headers.items())
+    rounds = None
+    if conv.read_tool is not None and conv.body.get("n") in (None, 1):
+        rounds = Rounds(conv, conv.read_tool, Archive(st.store, tenant, conv.read_tool.retention_days))
 
     if resp.headers.get("content-type", "").startswith(SSE):
-        return relay_stream(_relay_sse(resp, url, log, t0), resp.status_code, headers_out)
+        chunks = iter_raw(resp, url) if rounds is None else toolloop.stream(send, resp, url, rounds)
+        return relay_stream(_relay_sse(chunks, resp.status_code, log, t0, rounds), resp.status_code, headers_out)
     try:
-        content = await read_upstream_body(resp, url)
+        if rounds is None:
+            content = await read_upstream_body(resp, url)
+        else:
+            resp, content = await toolloop.complete(send, resp, url, rounds)
+            headers_out = response_headers(resp.headers, decoded=True) + list(headers.items())
+            log["read_rounds"] = rounds.done
     except ProxyError as err:
         _finish(log, t0, status=err.status, error=err.code)
         return error_response(err, headers)
@@ -74,13 +93,31 @@ async def chat_completions(request: Request) -> Response:
     return relay_response(content, resp.status_code, headers_out)
 
 
-async def _relay_sse(resp, url: str, log: dict, t0: float) -> AsyncIterator[bytes]:
+def _event_fields(conv: Conversation) -> dict[str, object]:
+    kinds = [e.kind for e in conv.events]
+    return {"events": kinds} if kinds else {}
+
+
+def _event_headers(conv: Conversation) -> dict[str, str]:
+    """What the proxy did to this request, for the client to see."""
+    out = {}
+    offloads = [e for e in conv.events if e.kind == "offload"]
+    if offloads:
+        out["x-ctxproxy-offloaded"] = str(len(offloads))
+        out["x-ctxproxy-tokens-saved"] = str(sum(e.detail["saved"] for e in offloads))
+    if any(e.kind == "degraded" for e in conv.events):
+        out["x-ctxproxy-degraded"] = "store-unavailable"
+    return out
+
+
+async def _relay_sse(chunks: AsyncIterator[bytes], status: int, log: dict, t0: float,
+                     rounds: Rounds | None) -> AsyncIterator[bytes]:
     """Chunk by chunk as they arrive; a broken upstream ends the stream with an SSE error event, not a hang."""
     sent = 0
-    status, error = resp.status_code, None
+    error = None
     first: float | None = None
     try:
-        async for chunk in iter_raw(resp, url):
+        async for chunk in chunks:
             if first is None:
                 first = time.perf_counter()
             sent += len(chunk)
@@ -91,6 +128,8 @@ async def _relay_sse(resp, url: str, log: dict, t0: float) -> AsyncIterator[byte
     finally:
         if first is not None:
             log["ttfb_ms"] = round((first - t0) * 1000, 3)
+        if rounds is not None:
+            log["read_rounds"] = rounds.done
         _finish(log, t0, status=status, bytes_out=sent, error=error)
 
 

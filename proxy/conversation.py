@@ -14,6 +14,7 @@ import orjson
 from proxy.config import Route
 from proxy.errors import BadRequest
 from proxy.jsonio import JsonStyle
+from proxy.store import Store
 
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
@@ -34,6 +35,17 @@ class RequestContext:
     session: str
     model: str | None
     stream: bool
+    store: Store
+
+
+@dataclass(frozen=True)
+class ReadTool:
+    """The proxy-owned read-back tool added to this request, and how its calls are answered."""
+
+    name: str
+    max_rounds: int
+    max_chars: int
+    retention_days: float
 
 
 @dataclass
@@ -42,6 +54,7 @@ class Conversation:
     body: dict[str, Any]
     changed: bool = False
     events: list[Event] = field(default_factory=list)
+    read_tool: ReadTool | None = None
 
     @property
     def messages(self) -> list[dict[str, Any]]:

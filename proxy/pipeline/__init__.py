@@ -13,7 +13,9 @@ from typing import Any, ClassVar, Protocol
 from pydantic import BaseModel
 
 from proxy.config import Route
-from proxy.conversation import Conversation, RequestContext
+from proxy.conversation import Conversation, Event, RequestContext
+from proxy.logs import event
+from proxy.store import StoreError
 
 
 class Transform(Protocol):
@@ -25,8 +27,14 @@ class Transform(Protocol):
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation: ...
 
 
+def _transforms() -> list[type[Transform]]:
+    from proxy.pipeline.offload import Offload
+
+    return [Offload]
+
+
 # Ordered: offload → compress → status bar, as each lands.
-TRANSFORMS: list[type[Transform]] = []
+TRANSFORMS: list[type[Transform]] = _transforms()
 
 SECTION_MODELS: dict[str, type[BaseModel]] = {t.name: t.Settings for t in TRANSFORMS}
 
@@ -42,6 +50,13 @@ def build_pipeline(route: Route) -> list[Transform]:
 
 
 async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: RequestContext) -> Conversation:
-    for transform in pipeline:
-        conv = await transform.apply(conv, ctx)
+    """Apply each transform; if the store fails, forward the client's request unmodified and say so."""
+    try:
+        for transform in pipeline:
+            conv = await transform.apply(conv, ctx)
+    except StoreError as e:
+        event("store unavailable; forwarding unmodified", request_id=ctx.request_id, error=str(e))
+        fresh = Conversation.parse(conv.raw)
+        fresh.events.append(Event("degraded", {"reason": "store unavailable"}))
+        return fresh
     return conv
