@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.chat import chat_completions
 from proxy.config import Settings, load_settings
+from proxy.ctx_api import get_blob
 from proxy.encodings import ensure_encodings
 from proxy.errors import NotFound, ProxyError, error_body
 from proxy.logs import log
@@ -45,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.add_api_route("/healthz", healthz, methods=["GET"])
     app.add_api_route("/readyz", readyz, methods=["GET"])
+    app.add_api_route("/ctx/v1/blobs/{handle}", get_blob, methods=["GET"])
     for prefix in ("", "/r/{route}"):
         app.add_api_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
         app.add_api_route(prefix + "/v1/{path:path}", passthrough, methods=ALL_METHODS)

@@ -45,10 +45,10 @@ def _decision_key(tenant: str, kind: str, handle: str) -> str:
 class Archive:
     """Stored text and recorded decisions of one tenant."""
 
-    def __init__(self, store: Store, tenant: str, retention_days: float) -> None:
+    def __init__(self, store: Store, tenant: str, retention_days: float | None = None) -> None:
         self.store = store
         self.tenant = tenant
-        self.ttl = retention_days * SECONDS_PER_DAY
+        self.ttl = retention_days * SECONDS_PER_DAY if retention_days else None
 
     async def put_text(self, handle: str, text: str) -> None:
         """Durably store the text (before any request that names its handle goes upstream)."""

@@ -74,5 +74,11 @@ class UpstreamTimeout(ProxyError):
     code = "upstream_timeout"
 
 
+class StoreUnavailable(ProxyError):
+    status = 503
+    type = "proxy_error"
+    code = "store_unavailable"
+
+
 class ConfigError(Exception):
     """Invalid configuration: the message names the key and what is wrong, on one line."""
