@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from proxy.chat import chat_completions
 from proxy.config import Settings, load_settings
 from proxy.ctx_api import get_blob
-from proxy.encodings import ensure_encodings
+from proxy.encodings import SHIPPED_ENCODINGS, ensure_encodings, get_encoding
 from proxy.errors import NotFound, ProxyError, error_body
 from proxy.logs import log
 from proxy.passthrough import passthrough
@@ -33,9 +33,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ensure_encodings()
+        for name in SHIPPED_ENCODINGS:
+            get_encoding(name)  # load now, not in the first request (~200 ms)
         store = open_store(settings.store)
         upstream = Upstream()
         app.state.proxy = ProxyState.create(settings, upstream, store)
+        # Start-up objects (tokenizers, modules) never die: keep them out of the
+        # collector's full passes, which otherwise stall every in-flight request.
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:

@@ -8,7 +8,8 @@ whole unless the caller reads it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import aiohttp
 import httpx
@@ -91,7 +92,17 @@ class Upstream:
 
     def __init__(self) -> None:
         limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE)
-        self.client = httpx.AsyncClient(transport=AiohttpTransport(limits=limits, trust_env=True), timeout=None)
+        ssl_context = httpx.create_ssl_context(trust_env=True)
+
+        def session() -> aiohttp.ClientSession:
+            # No cookie jar at either layer: one client serves every tenant, so a
+            # provider's Set-Cookie must never ride along on someone else's request.
+            connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=limits.keepalive_expiry,
+                                             ssl=ssl_context)
+            return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
+
+        self.client = httpx.AsyncClient(transport=AiohttpTransport(limits=limits, client=session), timeout=None,
+                                        cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])))
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]], content: bytes | None,
                    settings: UpstreamSettings) -> httpx.Response:

@@ -151,3 +151,13 @@ def test_provider_error_reaches_client_unchanged(proxy, upstream):
     with pytest.raises(openai.BadRequestError) as exc:
         sdk(proxy).chat.completions.create(model="tiny-1k", messages=[{"role": "user", "content": "x " * 3000}])
     assert exc.value.code == "context_length_exceeded"
+
+
+def test_provider_cookies_never_ride_along_on_later_requests(proxy, upstream):
+    upstream.fail_next(200, {"object": "list", "data": []}, headers={"set-cookie": "__cf_bm=SECRET-A; Path=/"})
+    a = httpx.get(proxy.url + "/v1/models", headers={"authorization": "Bearer sk-tenant-a"})
+    assert "__cf_bm=SECRET-A" in a.headers.get("set-cookie", "")  # the client that got it sees it
+    httpx.post(proxy.url + "/v1/chat/completions", headers={"authorization": "Bearer sk-tenant-b"},
+               json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    httpx.get(proxy.url + "/v1/models", headers={"authorization": "Bearer sk-tenant-b"})
+    assert all("cookie" not in r.headers for r in upstream.requests[1:])
