@@ -25,6 +25,7 @@ from proxy.responses import error_response, read_body, relay_response, relay_str
 from proxy.routing import api_key_of, resolve_route, session_id, tenant_id
 from proxy.state import state_of
 from proxy.toolloop import Rounds
+from proxy.windows import context_window
 from proxy.upstream import iter_raw, read_body as read_upstream_body, request_headers, response_headers, upstream_url
 
 SSE = "text/event-stream"
@@ -50,8 +51,11 @@ async def chat_completions(request: Request) -> Response:
         log.update(route=route.name, model=model, session=session, tenant=tenant, stream=stream,
                    messages=len(conv.messages), bytes_in=len(raw))
         headers.update({"x-ctxproxy-route": route.name, "x-ctxproxy-session": session})
+        out_headers = request_headers(request.headers.items(), route.upstream, identity_encoding=True)
         ctx = RequestContext(request_id=log["request_id"], route=route, tenant=tenant, session=session,
-                             model=model, stream=stream, store=st.store)
+                             model=model, stream=stream, store=st.store,
+                             window=context_window(st.settings, model, route.context_window),
+                             upstream=st.upstream, upstream_headers=out_headers)
 
         conv = await run_pipeline(st.pipelines[route.name], conv, ctx)
 
@@ -59,7 +63,6 @@ async def chat_completions(request: Request) -> Response:
         log.update(rewritten=conv.changed, **_event_fields(conv))
         headers.update(_event_headers(conv))
         url = upstream_url(route.upstream, "chat/completions", request.url.query)
-        out_headers = request_headers(request.headers.items(), route.upstream, identity_encoding=True)
 
         async def send(payload: bytes) -> httpx.Response:
             return await st.upstream.send("POST", url, out_headers, payload, route.upstream)
@@ -105,6 +108,13 @@ def _event_headers(conv: Conversation) -> dict[str, str]:
     if offloads:
         out["x-ctxproxy-offloaded"] = str(len(offloads))
         out["x-ctxproxy-tokens-saved"] = str(sum(e.detail["saved"] for e in offloads))
+    for e in conv.events:
+        if e.kind == "compaction":
+            out["x-ctxproxy-compaction"] = str(e.detail["version"])
+        elif e.kind == "compact":
+            out["x-ctxproxy-compacted"] = e.detail["layer"]
+            out["x-ctxproxy-tokens-before"] = str(e.detail["before"])
+            out["x-ctxproxy-tokens-after"] = str(e.detail["after"])
     if any(e.kind == "degraded" for e in conv.events):
         out["x-ctxproxy-degraded"] = "store-unavailable"
     return out

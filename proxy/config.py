@@ -31,6 +31,9 @@ DEFAULT_PORT = 8080
 # output reach a few MB; 32 MiB leaves room while bounding memory per request.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_ROUTE = "default"
+# Context window assumed for a model found neither in `models:` nor in the
+# built-in table (proxy/windows.py); a route may set its own `context_window`.
+DEFAULT_CONTEXT_WINDOW = 128_000
 ROUTE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -95,6 +98,7 @@ class Route(_Strict):
     name: str
     match: RouteMatch = RouteMatch()
     upstream: UpstreamSettings
+    context_window: int = DEFAULT_CONTEXT_WINDOW  # for models the proxy knows nothing about
     sections: Mapping[str, BaseModel] = Field(default_factory=dict)
 
     def section(self, name: str) -> Any:
@@ -124,6 +128,7 @@ class _RouteFile(BaseModel):
     name: str
     match: RouteMatch = RouteMatch()
     upstream: dict[str, Any] = Field(default_factory=dict)
+    context_window: int | None = Field(default=None, gt=0)
 
 
 class _ConfigFile(_Strict):
@@ -134,6 +139,7 @@ class _ConfigFile(_Strict):
     server: ServerSettings = ServerSettings()
     logging: LoggingSettings = LoggingSettings()
     models: dict[str, ModelFacts] = Field(default_factory=dict)
+    default_context_window: int = Field(default=DEFAULT_CONTEXT_WINDOW, gt=0)
     defaults: dict[str, dict[str, Any]] = Field(default_factory=dict)
     routes: list[_RouteFile] = Field(default_factory=list)
 
@@ -224,7 +230,8 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
             sections[name] = _validate(model, merged, f"{where}.{name}", source)
         route_up = _validate(UpstreamSettings, _deep_merge(upstream.model_dump(), rf.upstream),
                              f"{where}.upstream", source)
-        routes.append(Route(name=rf.name, match=rf.match, upstream=route_up, sections=sections))
+        routes.append(Route(name=rf.name, match=rf.match, upstream=route_up, sections=sections,
+                            context_window=rf.context_window or file.default_context_window))
 
     admin = env.get("CTXPROXY_ADMIN_TOKEN") or (env.get(file.admin_token_env) if file.admin_token_env else None)
     return Settings(upstream=upstream, store=file.store, admin_token=admin or None,

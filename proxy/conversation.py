@@ -15,6 +15,7 @@ from proxy.config import Route
 from proxy.errors import BadRequest
 from proxy.jsonio import JsonStyle
 from proxy.store import Store
+from proxy.upstream import Upstream
 
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
@@ -36,6 +37,9 @@ class RequestContext:
     model: str | None
     stream: bool
     store: Store
+    window: int  # the model's context window, in tokens
+    upstream: Upstream  # for the proxy's own calls (summaries), on the route's upstream
+    upstream_headers: list[tuple[str, str]]  # the client's headers as sent upstream (auth included)
 
 
 @dataclass(frozen=True)

@@ -189,17 +189,24 @@ class TokenCounter:
         """Tokens one message adds to a request, including its per-message overhead."""
         return self._message_count(message, encoding_for_model(model))
 
-    def message_counts(self, messages: Sequence[Mapping[str, Any]], model: str | None = None) -> list[int]:
-        """Per-message counts, in order (each includes its overhead; no reply priming)."""
+    def message_counts(self, messages: Sequence[Mapping[str, Any]], model: str | None = None,
+                       digests: Sequence[bytes] | None = None) -> list[int]:
+        """Per-message counts, in order (each includes its overhead; no reply priming).
+
+        ``digests``: the messages' :func:`message_digest` values when the caller has them
+        already (e.g. for a hash chain), so no message is hashed twice.
+        """
         enc = encoding_for_model(model)
-        return [self._message_count(m, enc) for m in messages]
+        if digests is None:
+            return [self._message_count(m, enc) for m in messages]
+        return [self._message_count(m, enc, d) for m, d in zip(messages, digests)]
 
     def count_messages(self, messages: Sequence[Mapping[str, Any]], model: str | None = None) -> int:
         """Tokens of a message list as a request prompt: the messages plus reply priming."""
         return sum(self.message_counts(messages, model)) + REPLY_PRIMING_TOKENS
 
-    def _message_count(self, message: Mapping[str, Any], enc: tiktoken.Encoding) -> int:
-        key = (enc.name, message_digest(message))
+    def _message_count(self, message: Mapping[str, Any], enc: tiktoken.Encoding, digest: bytes | None = None) -> int:
+        key = (enc.name, digest if digest is not None else message_digest(message))
         count = self._cache.get(key)
         if count is not None:
             self.hits += 1

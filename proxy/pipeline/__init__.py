@@ -28,9 +28,10 @@ class Transform(Protocol):
 
 
 def _transforms() -> list[type[Transform]]:
+    from proxy.pipeline.compress import Compress
     from proxy.pipeline.offload import Offload
 
-    return [Offload]
+    return [Offload, Compress]
 
 
 # Ordered: offload → compress → status bar, as each lands.

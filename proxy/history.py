@@ -1,0 +1,125 @@
+"""The shape of a conversation: hash chains, the pinned head, safe cut points, tool-call pairing, identifiers.
+
+Pure functions of the messages, shared by the transforms that rewrite history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+Message = dict[str, Any]
+SYNTHETIC_RESULT = "[ctxproxy: no result was recorded for this tool call]"
+
+
+def chain(digests: Sequence[bytes], upto: int | None = None) -> list[bytes]:
+    """chain[k] identifies messages[0:k] exactly (k = 0..upto): a prefix hash, as a provider cache sees it."""
+    out = [b""]
+    h = b""
+    for d in digests[:upto]:
+        h = hashlib.blake2b(h + d, digest_size=16).digest()
+        out.append(h)
+    return out
+
+
+def head_end(messages: Sequence[Message]) -> int:
+    """Index after the pinned head: leading system/developer messages and the first user message."""
+    i = 0
+    while i < len(messages) and messages[i].get("role") in ("system", "developer"):
+        i += 1
+    if i < len(messages) and messages[i].get("role") == "user":
+        i += 1
+    return i
+
+
+def safe_cut(messages: Sequence[Message], i: int, lo: int) -> int:
+    """Move a cut back so it never separates an assistant's tool calls from their results."""
+    while i > lo and i < len(messages) and messages[i].get("role") == "tool":
+        i -= 1
+    return i
+
+
+def tail_start(messages: Sequence[Message], counts: Sequence[int], keep_tokens: int, lo: int) -> int:
+    """Start of the recent tail holding about `keep_tokens`, at a safe cut, never before `lo`."""
+    total, i = 0, len(messages)
+    while i > lo and total + counts[i - 1] <= keep_tokens:
+        i -= 1
+        total += counts[i]
+    if i == len(messages) and i > lo:
+        i -= 1  # the newest message always stays verbatim
+    return max(lo, safe_cut(messages, i, lo))
+
+
+def repair_pairing(messages: list[Message]) -> list[Message]:
+    """Every assistant tool call followed by its result (synthetic if missing); orphan results dropped."""
+    out: list[Message] = []
+    pending: list[str] = []
+
+    def close() -> None:
+        out.extend({"role": "tool", "tool_call_id": cid, "content": SYNTHETIC_RESULT} for cid in pending)
+        pending.clear()
+
+    for m in messages:
+        role = m.get("role")
+        if role == "tool":
+            cid = m.get("tool_call_id")
+            if cid in pending:
+                pending.remove(cid)
+                out.append(m)
+            continue  # an orphan result: no call it answers
+        close()
+        out.append(m)
+        if role == "assistant":
+            pending.extend(c.get("id") for c in m.get("tool_calls") or () if isinstance(c, dict))
+    close()
+    return out
+
+
+def pairing_is_valid(messages: Sequence[Message]) -> bool:
+    return repair_pairing(list(messages)) == list(messages)
+
+
+def text_of(message: Message) -> str:
+    """All text a message carries: content (string or text parts) and tool-call arguments."""
+    content = message.get("content")
+    parts: list[str] = []
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        parts += [p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            parts.append(f"{fn.get('name', '')}({fn.get('arguments', '')})")
+    return "\n".join(parts)
+
+
+# Identifiers the agent will need verbatim: written by code into the summary, never paraphrased.
+_URL = r"https?://[^\s\"'<>`)\]}]+"
+_PATH = r"(?:~|\.{1,2})?/?(?:[\w@+-][\w.@+-]*/)+[\w.@+-]*[\w]|\b[\w-]+\.(?:py|js|ts|tsx|jsx|go|rs|c|h|cc|cpp|hpp|java|kt|rb|php|cs|swift|m|sh|toml|yaml|yml|json|md|rst|txt|cfg|ini|lock|html|css|sql|proto|xml|pony|ipynb)\b"
+_HASH = r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,64}\b"
+_UUID = r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
+IDENTIFIER = re.compile(f"{_URL}|{_UUID}|{_HASH}|{_PATH}", re.IGNORECASE)
+_TRAILING = ".,;:'\")]}"
+
+
+def identifiers(messages: Sequence[Message], cap: int) -> list[str]:
+    """Paths, URLs, hashes and ids in the messages, verbatim, first seen first.
+
+    User and assistant messages (tool-call arguments included) come before tool
+    results: they are what the agent itself named.
+    """
+    seen: dict[str, None] = {}
+    for roles in (("user", "assistant", "system", "developer"), ("tool", "function")):
+        for m in messages:
+            if m.get("role") not in roles:
+                continue
+            for match in IDENTIFIER.finditer(text_of(m)):
+                value = match.group(0).rstrip(_TRAILING)
+                if len(value) > 2 and value not in seen:
+                    seen[value] = None
+                    if len(seen) >= cap:
+                        return list(seen)
+    return list(seen)

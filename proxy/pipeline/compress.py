@@ -1,0 +1,214 @@
+"""Compress: when the prompt passes `trigger` of the window, bring it down to `target`, cheapest layer first.
+
+Layer 1 clears older tool results outside the recent window into the archive
+(lossless: readable by handle). Layer 2, if still over, replaces the span
+between the pinned head and the recent tail with one summary written by a
+separate LLM call, plus an identifier list written by code and a handle to the
+raw span. If the summarizer fails, layer 1 stands if it fits; if nothing fits,
+the oldest middle span is archived behind a placeholder rather than let the
+provider reject the request.
+
+Each compaction is recorded and replayed verbatim (proxy/compaction.py), so
+the rewritten prefix is byte-identical between compactions; each one breaks
+the provider's cache once, so they are rare and large (trigger → target).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from proxy.archive import SECONDS_PER_DAY, Archive, content_handle
+from proxy.compaction import CompactionLog, View, replay, reserve_tokens
+from proxy.conversation import Conversation, Event, RequestContext
+from proxy.history import chain, head_end, identifiers, repair_pairing, tail_start, text_of
+from proxy.logs import event
+from proxy.preview import read_call
+from proxy.readback import tool_name_for
+from proxy.summarizer import SummarizerError, SummarizerTarget, render, summarize
+from proxy.tokens import REPLY_PRIMING_TOKENS, default_counter, message_digest
+
+PLACEHOLDER_MARK = "[ctxproxy:"  # text the proxy wrote; never cleared or offloaded again
+DEFAULT_FACTS = ("What is the task, with its constraints?", "Which files were read, created or changed, and how?",
+                 "What has been verified to work, and what failed?", "What remains to be done, and what is next?")
+_LOCK_POLL = 0.1  # seconds between checks while another request of the session compacts
+_SUMMARIZER_WINDOW_SHARE = 0.85  # of the window, for transcript + answer (the rest: prompt, framing, slack)
+_MIN_TRANSCRIPT_TOKENS = 500
+
+
+class CompressSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    trigger: float = Field(default=0.85, gt=0, le=1)  # compact when the prompt passes this share of the window
+    target: float = Field(default=0.5, gt=0, lt=1)  # ... down to this share
+    keep_recent_tokens: int = Field(default=8000, ge=0)  # newest messages kept verbatim
+    exclude_tools: tuple[str, ...] = ()  # tool results never cleared
+    min_clear_tokens: int = Field(default=200, ge=1)  # smaller tool results are not worth a placeholder
+    summary: bool = True  # layer 2 on
+    strategy: Literal["summary", "facts"] = "summary"  # one summary call, or one call per question
+    facts: tuple[str, ...] = DEFAULT_FACTS  # the questions of the facts strategy
+    summary_model: str | None = None  # None: the request's model
+    summary_input_tokens: int = Field(default=24_000, ge=1000)  # the transcript is cut to this
+    summary_max_tokens: int = Field(default=2000, ge=100)  # the summary's length limit
+    summary_timeout: float = Field(default=60, gt=0)  # seconds; then layer 1 / archive fallback
+    identifiers_cap: int = Field(default=400, ge=0)  # identifiers listed verbatim under a summary
+    identifiers_max_share: float = Field(default=0.08, ge=0, lt=1)  # ... costing at most this share of the window
+    breaker_cooldown: float = Field(default=300, gt=0)  # seconds without summarizer calls after a failure
+    retention_days: float = Field(default=7, gt=0)  # how long archived history stays readable
+
+
+class Compress:
+    name: ClassVar[str] = "compress"
+    Settings: ClassVar[type[BaseModel]] = CompressSettings
+
+    def __init__(self, settings: CompressSettings) -> None:
+        self.settings = settings
+        self._prefixes: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+
+    async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
+        s, model = self.settings, conv.body.get("model")
+        raw = conv.messages
+        digests = [message_digest(m) for m in raw]
+        counts = default_counter.message_counts(raw, model, digests)
+        fixed = default_counter.count_tools(conv.body.get("tools"), model) + REPLY_PRIMING_TOKENS \
+            + reserve_tokens(conv.body)
+        log = CompactionLog(ctx.store, ctx.tenant, ctx.session, s.retention_days * SECONDS_PER_DAY)
+        view = await self._replayed(log, raw, digests, counts, model)
+        if sum(view.counts) + fixed > s.trigger * ctx.window:
+            view = await self._compact_locked(conv, ctx, log, raw, digests, counts, view, fixed)
+        if view.kept:
+            conv.set_messages(repair_pairing(view.messages))
+            conv.events.append(Event("compaction", {"version": view.version}))
+        return conv
+
+    async def _replayed(self, log: CompactionLog, raw: list, digests: list, counts: list, model: Any) -> View:
+        record = await log.latest(self._prefixes)
+        prefix_counts = default_counter.message_counts(record.prefix, model) if record else None
+        return replay(record, raw, digests, counts, prefix_counts)
+
+    async def _compact_locked(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, raw: list,
+                              digests: list, counts: list, view: View, fixed: int) -> View:
+        s, model = self.settings, conv.body.get("model")
+        lease = s.summary_timeout * 2 + 10
+        token = await ctx.store.acquire_lock(log.lock_name, lease)
+        if token is None:  # another request of this session is compacting: use its result
+            deadline = time.monotonic() + lease
+            while time.monotonic() < deadline:
+                await asyncio.sleep(_LOCK_POLL)
+                fresh = await self._replayed(log, raw, digests, counts, model)
+                if fresh.version > view.version:
+                    return fresh
+            return view
+        try:
+            view = await self._replayed(log, raw, digests, counts, model)
+            before = sum(view.counts) + fixed
+            if before <= s.trigger * ctx.window:
+                return view
+            result = await self._layers(conv, ctx, log, view, fixed)
+            if result is None:
+                return view
+            new, layer, detail = result
+            cut = new.raw_index(new.kept)
+            await log.write(view.version + 1, cut, chain(digests, cut)[-1], layer, new.messages[:new.kept])
+            new.version = view.version + 1
+            after = sum(new.counts) + fixed
+            conv.events.append(Event("compact", {"layer": layer, "before": before, "after": after, **detail}))
+            event("compacted", request_id=ctx.request_id, session=ctx.session, layer=layer, tokens_before=before,
+                  tokens_after=after, version=new.version)
+            return new
+        finally:
+            await ctx.store.release_lock(log.lock_name, token)
+
+    async def _layers(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, view: View,
+                      fixed: int) -> tuple[View, str, dict[str, Any]] | None:
+        s, model = self.settings, conv.body.get("model")
+        msgs, counts = view.messages, view.counts
+        h = head_end(msgs)
+        t = tail_start(msgs, counts, s.keep_recent_tokens, max(h, view.kept))
+        if t <= h or t < view.kept:
+            return None
+        archive = Archive(ctx.store, ctx.tenant, s.retention_days)
+        tool = conv.read_tool.name if conv.read_tool else tool_name_for(conv.body.get("tools") or [])
+        with_tail = lambda head, counts_head: View(head + msgs[t:], counts_head + counts[t:], len(head),  # noqa: E731
+                                                   view.raw_index(t), view.version)
+
+        cleared, cleared_counts, n = await self._clear(msgs[:t], counts[:t], h, archive, tool, model)
+        layer1 = with_tail(cleared, cleared_counts)
+        if sum(layer1.counts) + fixed <= s.target * ctx.window:
+            return layer1, "clear", {"cleared": n}
+
+        span = msgs[h:t]
+        if s.summary and not await ctx.store.get(log.breaker):
+            try:
+                summary, usage = await self._summary(ctx, archive, span, tool, model)
+                head = msgs[:h] + [summary]
+                return with_tail(head, counts[:h] + default_counter.message_counts([summary], model)), "summary", \
+                    {"summarized": len(span), "summary_calls": usage}
+            except SummarizerError as e:
+                event("summarizer failed; falling back", request_id=ctx.request_id, session=ctx.session, error=str(e))
+                await ctx.store.put(log.breaker, b"1", ttl=s.breaker_cooldown)
+        if sum(layer1.counts) + fixed <= ctx.window:  # over target but it fits: forward without a summary
+            return (layer1, "clear", {"cleared": n, "fallback": True}) if n else None
+        handle = content_handle("span", render(span))
+        await archive.put_text(handle, render(span))
+        note = {"role": "user", "content": (
+            f"{PLACEHOLDER_MARK} {len(span)} earlier messages ({sum(counts[h:t]):,} tokens) were archived to fit "
+            f"the context window and could not be summarized. Read them with {read_call(tool, handle)}]")}
+        return with_tail(msgs[:h] + [note], counts[:h] + default_counter.message_counts([note], model)), "archive", \
+            {"archived": len(span)}
+
+    async def _clear(self, msgs: list, counts: list, h: int, archive: Archive, tool: str,
+                     model: Any) -> tuple[list, list, int]:
+        names = {c.get("id"): (c.get("function") or {}).get("name") for m in msgs for c in m.get("tool_calls") or ()
+                 if isinstance(c, dict)}
+        out, out_counts, n = list(msgs), list(counts), 0
+        for i in range(h, len(msgs)):
+            m = msgs[i]
+            name = names.get(m.get("tool_call_id")) or "tool"
+            text = text_of(m)
+            if m.get("role") != "tool" or counts[i] < self.settings.min_clear_tokens \
+                    or name in self.settings.exclude_tools or text.startswith(PLACEHOLDER_MARK):
+                continue
+            handle = content_handle(f"tool:tool result of {name}", text)
+            await archive.put_text(handle, text)
+            out[i] = {**m, "content": f"{PLACEHOLDER_MARK} cleared tool result of {name} ({counts[i]:,} tokens); "
+                                      f"read it back with {read_call(tool, handle)}]"}
+            out_counts[i] = default_counter.count_message(out[i], model)
+            n += 1
+        return out, out_counts, n
+
+    async def _summary(self, ctx: RequestContext, archive: Archive, span: list, tool: str,
+                       model: Any) -> tuple[dict[str, Any], list]:
+        """The summary message for a span: reused verbatim if this span was summarized before."""
+        s = self.settings
+        full = render(span)
+        handle = content_handle("span", full)
+        (known,) = await archive.decisions("summary", [handle])
+        if known is not None:
+            return known, []
+        budget = s.summary_input_tokens
+        if s.summary_model in (None, model):  # the summarizer shares the agent's window: leave room to answer
+            budget = min(budget, int(ctx.window * _SUMMARIZER_WINDOW_SHARE) - s.summary_max_tokens)
+        target = SummarizerTarget(ctx.upstream, ctx.route.upstream, ctx.upstream_headers,
+                                  s.summary_model or model or "gpt-4o-mini", max(budget, _MIN_TRANSCRIPT_TOKENS),
+                                  s.summary_max_tokens, s.summary_timeout)
+        text, usage = await summarize(target, span, s.facts if s.strategy == "facts" else ())
+        await archive.put_text(handle, full)
+        ids, budget = [], ctx.window * s.identifiers_max_share
+        for ident in identifiers(span, s.identifiers_cap):
+            budget -= default_counter.count_text(ident, model) + 1
+            if budget < 0:
+                break
+            ids.append(ident)
+        listing = "\n## Identifiers (verbatim from the compacted messages)\n" + "\n".join(ids) if ids else ""
+        tokens = sum(default_counter.message_counts(span, model))
+        message = {"role": "user", "content": (
+            f"<context_summary>\n{PLACEHOLDER_MARK} {len(span)} earlier messages ({tokens:,} tokens) were compacted "
+            f"into this summary; the full transcript: {read_call(tool, handle)}]\n\n{text}\n{listing}\n"
+            f"</context_summary>")}
+        return await archive.record("summary", handle, message), usage
