@@ -6,9 +6,10 @@ Each step is a call into its own module; this function only sequences them.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -19,11 +20,12 @@ from proxy import toolloop
 from proxy.archive import Archive
 from proxy.conversation import Conversation, RequestContext
 from proxy.errors import ProxyError
+from proxy.learned_windows import overflow_limit
 from proxy.logs import event
 from proxy.pipeline import run_pipeline
 from proxy.responses import error_response, read_body, relay_response, relay_stream
 from proxy.routing import api_key_of, resolve_route, session_id, tenant_id
-from proxy.state import state_of
+from proxy.state import ProxyState, state_of
 from proxy.toolloop import Rounds
 from proxy.windows import context_window
 from proxy.upstream import iter_raw, read_body as read_upstream_body, request_headers, response_headers, upstream_url
@@ -52,23 +54,25 @@ async def chat_completions(request: Request) -> Response:
                    messages=len(conv.messages), bytes_in=len(raw))
         headers.update({"x-ctxproxy-route": route.name, "x-ctxproxy-session": session})
         out_headers = request_headers(request.headers.items(), route.upstream, identity_encoding=True)
+        window = context_window(st.settings, model, route.context_window)
+        learned = await st.windows.get(route.name, model)
         ctx = RequestContext(request_id=log["request_id"], route=route, tenant=tenant, session=session,
-                             model=model, stream=stream, store=st.store,
-                             window=context_window(st.settings, model, route.context_window),
+                             model=model, stream=stream, store=st.store, window=min(window, learned or window),
                              upstream=st.upstream, upstream_headers=out_headers)
 
         conv = await run_pipeline(st.pipelines[route.name], conv, ctx)
 
-        body = conv.to_bytes()
-        log.update(rewritten=conv.changed, **_event_fields(conv))
-        headers.update(_event_headers(conv))
         url = upstream_url(route.upstream, "chat/completions", request.url.query)
 
         async def send(payload: bytes) -> httpx.Response:
             return await st.upstream.send("POST", url, out_headers, payload, route.upstream)
 
         t_sent = time.perf_counter()
-        resp = await send(body)
+        resp = await send(conv.to_bytes())
+        if resp.status_code == 400 and model:
+            resp, conv = await _retry_if_overflow(st, resp, url, send, conv, ctx, headers)
+        log.update(rewritten=conv.changed, **_event_fields(conv))
+        headers.update(_event_headers(conv))
     except ProxyError as err:
         _finish(log, t0, status=err.status, error=err.code)
         return error_response(err, headers)
@@ -77,7 +81,7 @@ async def chat_completions(request: Request) -> Response:
     headers_out = response_headers(resp.headers, decoded=True) + list(headers.items())
     rounds = None
     if conv.read_tool is not None and conv.body.get("n") in (None, 1):
-        rounds = Rounds(conv, conv.read_tool, Archive(st.store, tenant, conv.read_tool.retention_days))
+        rounds = Rounds(conv, conv.read_tool, Archive(st.store, tenant))
 
     if resp.headers.get("content-type", "").startswith(SSE):
         chunks = iter_raw(resp, url) if rounds is None else toolloop.stream(send, resp, url, rounds)
@@ -94,6 +98,27 @@ async def chat_completions(request: Request) -> Response:
         return error_response(err, headers)
     _finish(log, t0, status=resp.status_code, bytes_out=len(content))
     return relay_response(content, resp.status_code, headers_out)
+
+
+async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, send: Callable, conv: Conversation,
+                             ctx: RequestContext, headers: dict[str, str]) -> tuple[httpx.Response, Conversation]:
+    """On `context_length_exceeded`, learn the window it names, compact to fit, and try once more."""
+    content = await read_upstream_body(resp, url)
+    limit = overflow_limit(content)
+    if limit is None or limit >= ctx.window:
+        return _replayed(resp, content), conv
+    await st.windows.learn(ctx.route.name, ctx.model or "", limit)
+    headers["x-ctxproxy-window-learned"] = str(limit)
+    event("learned context window from provider", request_id=ctx.request_id, route=ctx.route.name,
+          model=ctx.model, window=limit)
+    ctx = dataclasses.replace(ctx, window=limit)
+    conv = await run_pipeline(st.pipelines[ctx.route.name], Conversation.parse(conv.raw), ctx)
+    return await send(conv.to_bytes()), conv
+
+
+def _replayed(resp: httpx.Response, content: bytes) -> httpx.Response:
+    """A response whose body was already read, readable again by the code after it."""
+    return httpx.Response(resp.status_code, headers=resp.headers, content=content, request=resp.request)
 
 
 def _event_fields(conv: Conversation) -> dict[str, object]:

@@ -49,7 +49,6 @@ class ReadTool:
     name: str
     max_rounds: int
     max_chars: int
-    retention_days: float
 
 
 @dataclass

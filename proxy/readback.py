@@ -39,14 +39,12 @@ def tool_definition(name: str) -> dict[str, Any]:
     """Fixed bytes for a fixed name: it sits in the cached prefix of every request of a session."""
     return {"type": "function", "function": {
         "name": name,
-        "description": ("Read text that was stored outside the conversation to save space (tool results or "
-                        "history replaced by a placeholder naming a handle). Returns lines offset..offset+limit; "
-                        "with pattern, only matching lines (with line numbers)."),
+        "description": "Read text the proxy stored outside the conversation; the placeholder names its handle.",
         "parameters": {"type": "object", "properties": {
-            "handle": {"type": "string", "description": "the handle shown in the placeholder, e.g. ctx_..."},
-            "offset": {"type": "integer", "description": "first line to return, 0-based", "default": 0},
-            "limit": {"type": "integer", "description": "number of lines to return", "default": DEFAULT_LIMIT},
-            "pattern": {"type": "string", "description": "optional regular expression; return matching lines"},
+            "handle": {"type": "string"},
+            "offset": {"type": "integer", "description": "first line, 0-based"},
+            "limit": {"type": "integer", "description": "lines to return"},
+            "pattern": {"type": "string", "description": "regex: return matching lines only"},
         }, "required": ["handle"]},
     }}
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from proxy.config import Settings
+from proxy.learned_windows import LearnedWindows
 from proxy.pipeline import Transform, build_pipeline
 from proxy.store import Store
 from proxy.upstream import Upstream
@@ -17,12 +18,14 @@ class ProxyState:
     settings: Settings
     upstream: Upstream
     store: Store
+    windows: LearnedWindows
     pipelines: dict[str, list[Transform]] = field(default_factory=dict)
 
     @classmethod
     def create(cls, settings: Settings, upstream: Upstream, store: Store) -> ProxyState:
         pipelines = {r.name: build_pipeline(r) for r in settings.routes}
-        return cls(settings=settings, upstream=upstream, store=store, pipelines=pipelines)
+        return cls(settings=settings, upstream=upstream, store=store, windows=LearnedWindows(store),
+                   pipelines=pipelines)
 
 
 def state_of(request: Request) -> ProxyState:

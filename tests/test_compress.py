@@ -219,3 +219,29 @@ def test_facts_strategy_asks_each_question_concurrently(upstream, tmp_path):
     assert sum(is_summary_call(x.json) for x in upstream.requests) == 2
     content = json.dumps(json.loads(upstream.requests[-1].body)["messages"])
     assert "## Which files changed?" in content and "## What failed?" in content
+
+
+def test_unknown_window_is_learned_from_the_provider_and_remembered(upstream, tmp_path):
+    """A local model the proxy knows nothing about: the first overflow teaches it the window."""
+    store = f"sqlite:///{tmp_path}/c.db"
+    cfg = make_settings(upstream.base_url, store, defaults={"offload": {"enabled": False},
+                                                            "compress": {"keep_recent_tokens": 800}})
+    upstream.windows["my-local-coder"] = 4000
+    upstream.script(*[responder] * 20)
+    run = agent_run(16)  # ~6k tokens: over the real window, far under the assumed 128k
+
+    def ask(p):
+        return httpx.post(p.url + "/v1/chat/completions", headers={"authorization": "Bearer k"}, timeout=30,
+                          json={"model": "my-local-coder", "messages": run, "tools": TOOLS})
+
+    with ProxyServer(cfg) as p:
+        first = ask(p)
+        assert first.status_code == 200, first.text
+        assert first.headers["x-ctxproxy-window-learned"] == "4000" and "x-ctxproxy-compacted" in first.headers
+        statuses = [r.status for r in upstream.requests if not is_summary_call(r.json)]
+        assert statuses == [400, 200]
+    upstream.reset()
+    upstream.script(*[responder] * 20)
+    with ProxyServer(cfg) as p:  # after a restart the window is still known: no failed attempt
+        assert ask(p).status_code == 200
+    assert all(r.status == 200 for r in upstream.requests)

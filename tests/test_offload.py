@@ -82,6 +82,15 @@ def test_read_tool_is_appended_after_client_tools_and_renamed_on_collision(proxy
     assert 'ctxproxy_context_read(handle="ctx_' in body["messages"][3]["content"]
 
 
+def test_offload_without_client_tools_still_gives_the_model_the_read_tool(proxy, upstream):
+    msgs = [m for m in history(big_log()) if m["role"] in ("system", "user")]
+    msgs.append({"role": "user", "content": big_log()})  # ~71k tokens: over the 50k user-message limit
+    client(proxy).chat.completions.create(model="gpt-4o", messages=msgs)
+    body = json.loads(upstream.requests[-1].body)
+    assert HANDLE.search(body["messages"][-1]["content"])
+    assert [t["function"]["name"] for t in body["tools"]] == ["context_read"]
+
+
 def test_plain_chat_without_tools_is_forwarded_byte_for_byte(proxy, upstream):
     sent = []
     c = openai.OpenAI(base_url=proxy.url + "/v1", api_key=KEY, max_retries=0,
@@ -151,7 +160,8 @@ def test_mixed_calls_return_only_client_calls_renumbered(proxy, upstream, stream
 
 
 def test_read_rounds_are_bounded(upstream, tmp_path):
-    with ProxyServer(offload_settings(upstream, f"sqlite:///{tmp_path}/c.db", read_rounds=2)) as p:
+    cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db", defaults={"context_read": {"rounds": 2}})
+    with ProxyServer(cfg) as p:
         loop = {"tool_calls": [{"name": "context_read", "arguments": {"handle": "ctx_0"}}]}
         upstream.script(loop, loop, loop, loop)
         out = client(p).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history("x"))

@@ -30,8 +30,9 @@ class Transform(Protocol):
 def _transforms() -> list[type[Transform]]:
     from proxy.pipeline.compress import Compress
     from proxy.pipeline.offload import Offload
+    from proxy.pipeline.read_tool import ReadToolTransform
 
-    return [Offload, Compress]
+    return [Offload, Compress, ReadToolTransform]
 
 
 # Ordered: offload → compress → status bar, as each lands.

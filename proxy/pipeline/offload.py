@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.archive import Archive, content_handle
-from proxy.conversation import Conversation, Event, ReadTool, RequestContext
+from proxy.conversation import Conversation, Event, RequestContext
 from proxy.preview import PreviewShape, build_placeholder
-from proxy.readback import tool_definition, tool_name_for
+from proxy.readback import tool_name_for
 from proxy.tokens import default_counter
 
 # The smallest threshold allowed; texts under this many UTF-8 bytes (so tokens)
@@ -42,9 +42,6 @@ class OffloadSettings(BaseModel):
     preview_line_chars: int = Field(default=200, ge=40)  # each preview line cut to this many characters
     preview_max_share: float = Field(default=0.25, gt=0, lt=1)  # a preview costs at most this share of the original
     retention_days: float = Field(default=7, gt=0)  # how long stored text stays readable
-    read_tool: bool = True  # add the context_read tool to requests that carry tools
-    read_rounds: int = Field(default=4, ge=0, le=16)  # context_read rounds answered per client request
-    read_max_chars: int = Field(default=20_000, ge=1000)  # characters one context_read answer returns at most
 
 
 def _text_of(content: Any) -> str | None:
@@ -92,7 +89,7 @@ class Offload:
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         s = self.settings
         tools = conv.body.get("tools")
-        read_name = tool_name_for(tools) if tools else tool_name_for([])
+        read_name = tool_name_for(tools or [])
         archive = Archive(ctx.store, ctx.tenant, s.retention_days)
         found = self._candidates(conv.messages)
         decisions = await self._decisions(archive, ctx.tenant, [c[1] for c in found])
@@ -112,10 +109,6 @@ class Offload:
         if events:
             conv.set_messages(messages)
             conv.events.extend(events)
-        if tools and s.read_tool:
-            conv.body["tools"] = [*tools, tool_definition(read_name)]
-            conv.changed = True
-            conv.read_tool = ReadTool(read_name, s.read_rounds, s.read_max_chars, s.retention_days)
         return conv
 
     def _candidates(self, messages: list[dict[str, Any]]) -> list[tuple[int, str, str, str]]:

@@ -1,0 +1,797 @@
+#!/usr/bin/env python3
+"""Trajectory replay harness: real agent conversations, turn by turn, through each setting.
+
+Every trajectory in ``/work/shared/traces`` (``$CTXPROXY_TRACES_DIR``) is
+replayed as the agent that recorded it would have sent it: for each assistant
+message at index ``i``, one non-streaming chat completion with ``messages[:i]``
+(plus the trajectory's ``tools`` if it has them), model ``gpt-4o``,
+sequentially. The provider's answer is ignored: the recorded assistant message
+is what the next turn carries, so every setting sees exactly the same client
+traffic.
+
+The provider is the mock in ``tests/mock_upstream.py``, in this process (its
+``requests`` list is read after every turn). It bills ``prompt_tokens`` and
+``cached_tokens`` from a real token-prefix comparison with earlier prompts of
+the same cache scope (``Authorization`` + model) and rejects prompts over its
+window with HTTP 400 ``context_length_exceeded``. Each (setting, trajectory)
+pair sends its own key, ``Bearer sk-replay-<setting>-<trace>``, so neither
+provider caches nor proxy tenants mix, and the mock is reset between settings.
+
+Settings live in a small registry (``SETTINGS``; ``register_setting`` adds
+one): ``proxy_config`` None means straight to the mock, otherwise the proxy is
+started with that mapping as its config file (``{}`` = built-in defaults). By
+default the proxy runs as users run it, ``python -m proxy.cli serve`` in a
+subprocess with ``CTXPROXY_UPSTREAM`` pointing at the mock and a fresh SQLite
+store in a temporary directory per setting (``--proxy-mode inprocess`` runs
+``tests/proxy_server.py`` in a thread instead).
+
+Per setting: requests sent, rejected (any non-200; of which
+``context_length_exceeded``), prompt and cached tokens billed by the provider
+(successful requests), hit rate = cached / prompt, effective input cost units
+= uncached + 0.1 x cached, prompt tokens relative to ``no-proxy`` (all
+requests, and over only the turns that succeeded in both), and wall time.
+Checks, on every request the provider received:
+
+* tool-call pairing (``tool_pairing_problems``): each assistant tool call id
+  is answered by a tool message before the next assistant message, and every
+  tool message answers a call of the assistant message before it;
+* previews: every message whose content was replaced by a placeholder
+  (contains ``context_read(handle="``) costs fewer tokens (the mock's own
+  tokenizer and rendering) than the trajectory's message at that position;
+  the same original is always replaced by the same bytes; no other message
+  is altered; no placeholder in a request that offers no read tool.
+
+Usage (from the repo root)::
+
+    python bench/replay.py [--window 128000] [--settings no-proxy,ctxproxy-default,ctxproxy-offload-1000]
+                           [--traces 01,19] [--json out.json] [--final-turn] [--per-trace]
+                           [--proxy-src DIR] [--proxy-mode subprocess|inprocess]
+
+``--final-turn`` also sends each whole trajectory that ends on a tool or user
+message (the turn an agent that kept going would send next: in this corpus the
+two biggest tool results are final messages no recorded turn carries).
+``--proxy-src DIR`` runs the ``proxy`` package from DIR (e.g. a ``git archive``
+snapshot) instead of the installed working tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import hashlib
+import json
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from tests import mock_upstream as mu  # noqa: E402  (needs ROOT on sys.path)
+
+TRACES_DIR = os.environ.get("CTXPROXY_TRACES_DIR", "/work/shared/traces")
+MODEL = "gpt-4o"
+BASELINE = "no-proxy"
+PLACEHOLDER_MARK = 'context_read(handle="'  # also matches the alternate names (ctxproxy_context_read...)
+CACHED_PRICE = 0.1  # a cached input token costs this share of an uncached one
+REQUEST_TIMEOUT = 300.0  # seconds, per request (bounded: nothing here waits forever)
+START_TIMEOUT = 30.0  # seconds for the proxy to answer /healthz
+DEFAULT_OFFLOAD_TOOL_TOKENS = 20_000  # proxy/pipeline/offload.py defaults, for the "missed" check
+DEFAULT_OFFLOAD_USER_TOKENS = 50_000
+
+
+# --------------------------------------------------------------------------- settings registry
+
+@dataclass(frozen=True)
+class Setting:
+    """One way of sending the trajectories to the provider.
+
+    ``proxy_config`` None: straight to the mock. A mapping: the proxy's config
+    file (YAML) for this setting; ``{}`` is the proxy's built-in defaults.
+    """
+
+    name: str
+    description: str
+    proxy_config: dict[str, Any] | None = None
+
+    @property
+    def proxied(self) -> bool:
+        return self.proxy_config is not None
+
+    def offload_thresholds(self) -> tuple[int, int] | None:
+        """(tool_result_tokens, user_message_tokens) when offload is on, for the checks."""
+        if self.proxy_config is None:
+            return None
+        off = (self.proxy_config.get("defaults") or {}).get("offload") or {}
+        if off.get("enabled", True) is False:
+            return None
+        return (int(off.get("tool_result_tokens", DEFAULT_OFFLOAD_TOOL_TOKENS)),
+                int(off.get("user_message_tokens", DEFAULT_OFFLOAD_USER_TOKENS)))
+
+
+SETTINGS: dict[str, Setting] = {}
+
+
+def register_setting(setting: Setting) -> Setting:
+    """Add a setting to the registry (later: sliding window, middle-out, compression...)."""
+    if setting.name in SETTINGS:
+        raise ValueError(f"setting {setting.name!r} already registered")
+    SETTINGS[setting.name] = setting
+    return setting
+
+
+register_setting(Setting(BASELINE, "straight to the mock provider"))
+register_setting(Setting("ctxproxy-default", "ctxproxy, built-in defaults (offload on, tool results > 20k tokens)",
+                         {}))
+register_setting(Setting("ctxproxy-offload-1000", "ctxproxy, offload.tool_result_tokens: 1000",
+                         {"defaults": {"offload": {"tool_result_tokens": 1000}}}))
+
+DEFAULT_SETTINGS = [BASELINE, "ctxproxy-default", "ctxproxy-offload-1000"]
+
+
+# --------------------------------------------------------------------------- trajectories
+
+@dataclass
+class Trace:
+    id: str  # "01"
+    name: str  # file name without .json
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+
+    def turns(self, final: bool = False) -> list[int]:
+        """Indexes of the assistant messages: one request per index, with messages[:i].
+
+        `final`: when the trajectory ends on a tool or user message, also len(messages),
+        the request an agent that kept going would send next (the recorded runs stop
+        there: e.g. mini-swe-agent's last tool result is its submission diff).
+        """
+        out = [i for i, m in enumerate(self.messages) if m.get("role") == "assistant"]
+        if final and self.messages and self.messages[-1].get("role") != "assistant":
+            out.append(len(self.messages))
+        return out
+
+
+def load_traces(directory: str = TRACES_DIR, select: Iterable[str] | None = None) -> list[Trace]:
+    """Trajectories in file order; `select` keeps those whose id (file-name prefix) is listed."""
+    wanted = {s.strip().zfill(2) for s in select} if select else None
+    out = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        name = os.path.basename(path)[:-5]
+        tid = name.split("_", 1)[0]
+        if wanted is not None and tid not in wanted:
+            continue
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        out.append(Trace(tid, name, data["messages"], data.get("tools") or None))
+    if wanted is not None and {t.id for t in out} != wanted:
+        missing = sorted(wanted - {t.id for t in out})
+        raise SystemExit(f"replay: no trajectory {', '.join(missing)} in {directory}")
+    return out
+
+
+def request_body(trace: Trace, i: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL, "messages": trace.messages[:i]}
+    if trace.tools:
+        body["tools"] = trace.tools
+    return body
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """Compact UTF-8 JSON, as httpx >= 0.28 (the OpenAI SDK's transport) sends it."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+# --------------------------------------------------------------------------- checks (reusable)
+
+def tool_pairing_problems(messages: list[dict[str, Any]], strict: bool = False) -> list[str]:
+    """What is wrong with the tool-call pairing of one request's messages ([] = valid).
+
+    Each tool call id of an assistant message must be answered by a tool message
+    after it and before the next assistant message (or the end of the request);
+    each tool message must answer a call of the latest assistant message, once.
+    `strict` adds OpenAI's stricter rule: the answers follow the call immediately,
+    with no other message between them.
+    """
+    problems: list[str] = []
+    open_at = -1  # index of the assistant message whose calls are being answered
+    calls: set[str] = set()
+    pending: set[str] = set()
+    for j, m in enumerate(messages):
+        role = m.get("role")
+        if role == "assistant":
+            if pending:
+                problems.append(f"messages[{open_at}]: tool call(s) {sorted(pending)} unanswered "
+                                f"before the next assistant message [{j}]")
+            ids = [c.get("id") for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+            if len(set(ids)) != len(ids):
+                problems.append(f"messages[{j}]: duplicate tool call ids {ids}")
+            if any(not isinstance(x, str) or not x for x in ids):
+                problems.append(f"messages[{j}]: tool call without an id")
+            open_at, calls, pending = j, {x for x in ids if isinstance(x, str)}, {x for x in ids if isinstance(x, str)}
+        elif role == "tool":
+            tid = m.get("tool_call_id")
+            if tid not in calls:
+                problems.append(f"messages[{j}]: tool message for {tid!r} answers no call of the "
+                                f"preceding assistant message [{open_at}]")
+            elif tid not in pending:
+                problems.append(f"messages[{j}]: second tool message for {tid!r}")
+            else:
+                pending.discard(tid)
+        elif strict and pending:
+            problems.append(f"messages[{j}]: {role} message between tool call(s) {sorted(pending)} "
+                            f"of [{open_at}] and their results")
+    if pending:
+        problems.append(f"messages[{open_at}]: tool call(s) {sorted(pending)} unanswered at the end of the request")
+    return problems
+
+
+def content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def message_tokens(message: dict[str, Any]) -> int:
+    """Tokens the mock provider bills for one message (its own rendering and o200k_base)."""
+    return len(mu.tokens(mu.render_message(message)))
+
+
+def _digest(message: Any) -> str:
+    return hashlib.blake2b(json.dumps(message, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass"),
+                           digest_size=12).hexdigest()
+
+
+@dataclass
+class RewriteCheck:
+    """Accumulates the preview / transparency checks over the requests of one trajectory."""
+
+    thresholds: tuple[int, int] | None  # (tool, user) offload thresholds of the setting, if any
+    rewritten: dict[int, set[str]] = field(default_factory=dict)  # position -> digests of its placeholders
+    sizes: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # position -> (orig, new, role)
+    larger: list[dict[str, Any]] = field(default_factory=list)  # preview >= original (violations)
+    altered: list[dict[str, Any]] = field(default_factory=list)  # changed without a placeholder
+    missing_read_tool: list[dict[str, Any]] = field(default_factory=list)  # placeholder, but no tools offered
+    length_mismatch: list[dict[str, Any]] = field(default_factory=list)
+    messages_checked: int = 0
+
+    def check(self, turn: int, original: list[dict[str, Any]], sent: dict[str, Any]) -> None:
+        """`original` = the client's messages[:turn]; `sent` = the body the provider received."""
+        upstream = sent.get("messages") or []
+        if len(upstream) < len(original):
+            self.length_mismatch.append({"turn": turn, "client": len(original), "provider": len(upstream)})
+        has_tools = bool(sent.get("tools"))
+        for j, (orig, new) in enumerate(zip(original, upstream)):
+            self.messages_checked += 1
+            if new == orig:
+                continue
+            text, before = content_text(new.get("content")), content_text(orig.get("content"))
+            if PLACEHOLDER_MARK in text and PLACEHOLDER_MARK not in before:
+                self.rewritten.setdefault(j, set()).add(_digest(new))
+                if j not in self.sizes:
+                    self.sizes[j] = (message_tokens(orig), message_tokens(new), str(orig.get("role")))
+                o, n, role = self.sizes[j]
+                if n >= o:
+                    self.larger.append({"turn": turn, "position": j, "role": role, "original_tokens": o,
+                                        "preview_tokens": n})
+                if not has_tools:
+                    self.missing_read_tool.append({"turn": turn, "position": j})
+                rest_new = {k: v for k, v in new.items() if k != "content"}
+                rest_orig = {k: v for k, v in orig.items() if k != "content"}
+                if rest_new != rest_orig:
+                    self.altered.append({"turn": turn, "position": j,
+                                         "what": "non-content fields of a rewritten message"})
+            else:
+                self.altered.append({"turn": turn, "position": j, "role": orig.get("role"),
+                                     "what": "changed without a placeholder"})
+
+    def missed(self, messages: list[dict[str, Any]], last_turn: int) -> list[dict[str, Any]]:
+        """Messages sent at least once, clearly over the threshold (mock tokens > 1.1 x), never offloaded."""
+        if self.thresholds is None:
+            return []
+        tool_t, user_t = self.thresholds
+        out = []
+        for j, m in enumerate(messages[:last_turn]):
+            limit = tool_t if m.get("role") in ("tool", "function") else user_t if m.get("role") == "user" else None
+            if limit is None or j in self.rewritten:
+                continue
+            n = message_tokens(m)
+            if n > limit * 1.1:
+                out.append({"position": j, "role": m.get("role"), "tokens": n})
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        ratios = [n / o for o, n, _ in self.sizes.values() if o]
+        return {
+            "messages_checked": self.messages_checked,
+            "rewritten_messages": len(self.rewritten),
+            "original_tokens": sum(o for o, _, _ in self.sizes.values()),
+            "preview_tokens": sum(n for _, n, _ in self.sizes.values()),
+            "max_preview_share": round(max(ratios), 4) if ratios else None,
+            "detail": [{"position": j, "role": role, "original_tokens": o, "preview_tokens": n}
+                       for j, (o, n, role) in sorted(self.sizes.items())],
+            "preview_not_smaller": self.larger,
+            "unstable_rewrites": sorted(j for j, d in self.rewritten.items() if len(d) > 1),
+            "altered_without_placeholder": self.altered,
+            "placeholder_without_read_tool": self.missing_read_tool,
+            "fewer_messages_upstream": self.length_mismatch,
+        }
+
+
+# --------------------------------------------------------------------------- targets
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def proxy_subprocess(config: dict[str, Any], upstream: str, tmp: str,
+                     src: str | None = None) -> Iterator[dict[str, Any]]:
+    """`python -m proxy.cli serve` on a free port; yields {url, log, cmd, start_s}; stops it after.
+
+    `src`: a directory holding the `proxy` package to run instead of the installed one
+    (e.g. a `git archive` snapshot, so parallel edits in the working tree do not leak in).
+    """
+    port = free_port()
+    cmd = [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)]
+    if config:
+        path = os.path.join(tmp, "config.yaml")
+        with open(path, "w", encoding="utf-8") as f:
+            yaml.safe_dump(config, f, sort_keys=False)
+        cmd += ["--config", path]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
+    env.update(CTXPROXY_UPSTREAM=upstream, CTXPROXY_STORE=f"sqlite:///{os.path.join(tmp, 'ctxproxy.db')}")
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), *filter(None, [env.get("PYTHONPATH")])])
+    log_path = os.path.join(tmp, "proxy.log")
+    t0 = time.perf_counter()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"proxy exited with {proc.returncode}: {open(log_path).read()[-2000:]}")
+            try:
+                if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"proxy not healthy after {START_TIMEOUT:.0f}s")
+            time.sleep(0.05)
+        yield {"url": url, "log": log_path, "cmd": cmd, "start_s": time.perf_counter() - t0, "pid": proc.pid}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@contextmanager
+def proxy_inprocess(config: dict[str, Any], upstream: str, tmp: str,
+                    src: str | None = None) -> Iterator[dict[str, Any]]:
+    """The proxy app under uvicorn in a thread of this process (tests/proxy_server.py)."""
+    if src:
+        raise SystemExit("replay: --proxy-src needs --proxy-mode subprocess")
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from proxy_server import ProxyServer, make_settings  # type: ignore[import-not-found]
+
+    t0 = time.perf_counter()
+    settings = make_settings(upstream, f"sqlite:///{os.path.join(tmp, 'ctxproxy.db')}", **config)
+    with ProxyServer(settings) as p:
+        yield {"url": p.url, "log": None, "cmd": ["in-process"], "start_s": time.perf_counter() - t0, "pid": None}
+
+
+def proxy_log(path: str | None) -> dict[str, Any]:
+    """Sums over the proxy's per-request JSON log lines (in-handler time before forwarding, total)."""
+    out = {"requests_logged": 0, "overhead_ms": 0.0, "total_ms": 0.0, "max_overhead_ms": 0.0, "errors": []}
+    if not path or not os.path.exists(path):
+        return out
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("level") in ("error", "warning", "critical"):
+                out["errors"].append(rec.get("msg"))
+            if rec.get("msg") != "request":
+                continue
+            out["requests_logged"] += 1
+            oh = float(rec.get("overhead_ms") or 0.0)
+            out["overhead_ms"] += oh
+            out["max_overhead_ms"] = max(out["max_overhead_ms"], oh)
+            out["total_ms"] += float(rec.get("total_ms") or 0.0)
+    out["overhead_ms"] = round(out["overhead_ms"], 1)
+    out["total_ms"] = round(out["total_ms"], 1)
+    out["max_overhead_ms"] = round(out["max_overhead_ms"], 1)
+    return out
+
+
+# --------------------------------------------------------------------------- replay
+
+def _error_code(content: bytes) -> str | None:
+    try:
+        err = json.loads(content).get("error") or {}
+        return err.get("code") or err.get("type")
+    except (ValueError, AttributeError):
+        return None
+
+
+def replay_trace(client: httpx.Client, base: str, setting: Setting, trace: Trace,
+                 mock: mu.MockUpstream, final_turn: bool = False) -> dict[str, Any]:
+    """All turns of one trajectory, sequentially; the per-trajectory row plus per-request rows."""
+    auth = f"Bearer sk-replay-{setting.name}-{trace.id}"
+    headers = {"authorization": auth, "content-type": "application/json"}
+    check = RewriteCheck(setting.offload_thresholds()) if setting.proxied else None
+    requests: list[dict[str, Any]] = []
+    pairing: list[dict[str, Any]] = []
+    strict_bad = 0  # requests breaking OpenAI's stricter rule (results right after their calls)
+    t_client = 0.0
+    turns = trace.turns(final_turn)
+    mock.requests.clear()  # sequential: nothing in flight; keeps memory to one trajectory's bodies
+    for i in turns:
+        body = request_body(trace, i)
+        raw = encode_body(body)
+        before = len(mock.requests)
+        t0 = time.perf_counter()
+        resp = client.post(base + "/chat/completions", content=raw, headers=headers)
+        dt = time.perf_counter() - t0
+        t_client += dt
+        sent = mock.requests[before:]
+        row: dict[str, Any] = {"turn": i, "status": resp.status_code, "ms": round(dt * 1000, 2),
+                               "upstream_requests": len(sent), "prompt_tokens": 0, "cached_tokens": 0,
+                               "body_bytes": len(raw)}
+        if resp.status_code != 200:
+            row["error"] = _error_code(resp.content)
+        if "x-ctxproxy-offloaded" in resp.headers:
+            row["offloaded"] = int(resp.headers["x-ctxproxy-offloaded"])
+            row["tokens_saved"] = int(resp.headers.get("x-ctxproxy-tokens-saved", 0))
+        for rec in sent:
+            if rec.status == 200 and rec.usage:
+                row["prompt_tokens"] += rec.usage["prompt_tokens"]
+                row["cached_tokens"] += rec.usage["prompt_tokens_details"]["cached_tokens"]
+            if isinstance(rec.json, dict):
+                msgs = rec.json.get("messages") or []
+                problems = tool_pairing_problems(msgs)
+                if problems:
+                    pairing.append({"turn": i, "problems": problems[:3], "count": len(problems)})
+                if problems or tool_pairing_problems(msgs, strict=True):
+                    strict_bad += 1
+        if not sent and resp.status_code == 200:
+            row["error"] = "no upstream request recorded"
+        if check is not None and sent and isinstance(sent[0].json, dict):
+            check.check(i, body["messages"], sent[0].json)
+        if sent and sent[-1].status != 200 and isinstance(sent[-1].json, dict):
+            # what the provider was asked to read, even though it refused
+            row["attempted_prompt_tokens"] = sum(len(c) for c in mu.prompt_chunks(sent[-1].json))
+        requests.append(row)
+    mock.requests.clear()
+    out = _aggregate(requests)
+    out.update(trace=trace.id, name=trace.name, client_s=round(t_client, 3),
+               client_pairing_problems=sum(1 for i in turns if tool_pairing_problems(trace.messages[:i])),
+               pairing_problems=len(pairing), pairing_problems_strict=strict_bad, pairing_examples=pairing[:3])
+    if check is not None:
+        out["rewrites"] = check.summary()
+        out["rewrites"]["over_threshold_not_offloaded"] = check.missed(trace.messages, turns[-1] if turns else 0)
+    out["rows"] = requests
+    return out
+
+
+def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    prompt = sum(r["prompt_tokens"] for r in rows)
+    cached = sum(r["cached_tokens"] for r in rows)
+    return {
+        "requests": len(rows),
+        "upstream_requests": sum(r["upstream_requests"] for r in rows),
+        "ok": sum(1 for r in rows if r["status"] == 200),
+        "rejected": sum(1 for r in rows if r["status"] != 200),
+        "context_length_exceeded": sum(1 for r in rows if r.get("error") == "context_length_exceeded"),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "hit_rate": round(cached / prompt, 5) if prompt else None,
+        "cost_units": round(prompt - cached + CACHED_PRICE * cached, 1),
+        "offloaded_requests": sum(1 for r in rows if r.get("offloaded")),
+        "tokens_saved_header": sum(r.get("tokens_saved", 0) for r in rows),
+    }
+
+
+def replay_setting(setting: Setting, traces: list[Trace], mock: mu.MockUpstream, window: int,
+                   proxy_mode: str, final_turn: bool = False, progress: bool = True,
+                   proxy_src: str | None = None) -> dict[str, Any]:
+    mock.reset()
+    mock.default_window = window
+    mock.windows[MODEL] = window
+    with tempfile.TemporaryDirectory(prefix=f"replay-{setting.name}-") as tmp:
+        proxy_info: dict[str, Any] = {}
+        if setting.proxied:
+            runner = proxy_subprocess if proxy_mode == "subprocess" else proxy_inprocess
+            cm = runner(setting.proxy_config or {}, mock.base_url, tmp, proxy_src)
+        else:
+            cm = _nullcontext({"url": None, "log": None, "cmd": None, "start_s": 0.0, "pid": None})
+        with cm as info, httpx.Client(timeout=httpx.Timeout(REQUEST_TIMEOUT, connect=10.0)) as client:
+            base = info["url"] + "/v1" if info["url"] else mock.base_url
+            rows = []
+            t0 = time.perf_counter()
+            for trace in traces:
+                t1 = time.perf_counter()
+                row = replay_trace(client, base, setting, trace, mock, final_turn)
+                row["wall_s"] = round(time.perf_counter() - t1, 3)
+                rows.append(row)
+                if progress:
+                    print(f"  {setting.name:<24} {trace.id} {row['requests']:>4} req {row['rejected']:>3} rej "
+                          f"{row['prompt_tokens']:>10,} tok {row['wall_s']:7.2f}s", file=sys.stderr, flush=True)
+            wall = time.perf_counter() - t0
+            if info["cmd"]:
+                proxy_info = {"cmd": " ".join(shlex.quote(c) for c in info["cmd"]), "start_s": round(info["start_s"], 3),
+                              "cpu_s": _cpu_seconds(info["pid"])}
+        if info["log"]:
+            proxy_info.update(proxy_log(info["log"]))
+        if mock.errors:
+            proxy_info["mock_errors"] = list(mock.errors)
+    total = _aggregate([r for row in rows for r in row["rows"]])
+    total.update(wall_s=round(wall, 3), client_s=round(sum(r["client_s"] for r in rows), 3),
+                 pairing_problems=sum(r["pairing_problems"] for r in rows),
+                 pairing_problems_strict=sum(r["pairing_problems_strict"] for r in rows),
+                 client_pairing_problems=sum(r["client_pairing_problems"] for r in rows))
+    if setting.proxied:
+        total["rewrites"] = _sum_rewrites([r["rewrites"] for r in rows])
+    return {"setting": setting.name, "description": setting.description, "proxy_config": setting.proxy_config,
+            "proxy": proxy_info, "total": total, "traces": rows}
+
+
+@contextmanager
+def _nullcontext(value: Any) -> Iterator[Any]:
+    yield value
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User+system CPU of a live process (Linux /proc), read just before it is stopped."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _sum_rewrites(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    shares = [p["max_preview_share"] for p in parts if p["max_preview_share"] is not None]
+    return {
+        "messages_checked": sum(p["messages_checked"] for p in parts),
+        "rewritten_messages": sum(p["rewritten_messages"] for p in parts),
+        "original_tokens": sum(p["original_tokens"] for p in parts),
+        "preview_tokens": sum(p["preview_tokens"] for p in parts),
+        "max_preview_share": max(shares) if shares else None,
+        "preview_not_smaller": sum(len(p["preview_not_smaller"]) for p in parts),
+        "unstable_rewrites": sum(len(p["unstable_rewrites"]) for p in parts),
+        "altered_without_placeholder": sum(len(p["altered_without_placeholder"]) for p in parts),
+        "placeholder_without_read_tool": sum(len(p["placeholder_without_read_tool"]) for p in parts),
+        "fewer_messages_upstream": sum(len(p["fewer_messages_upstream"]) for p in parts),
+        "over_threshold_not_offloaded": sum(len(p["over_threshold_not_offloaded"]) for p in parts),
+    }
+
+
+# --------------------------------------------------------------------------- comparison and report
+
+def compare(results: list[dict[str, Any]]) -> None:
+    """Add ratios against the baseline: over all requests, and over turns that succeeded in both."""
+    base = next((r for r in results if r["setting"] == BASELINE), None)
+    if base is None:
+        return
+    base_rows = {(t["trace"], q["turn"]): q for t in base["traces"] for q in t["rows"]}
+    for res in results:
+        tot = res["total"]
+        b = base["total"]
+        tot["prompt_ratio"] = round(tot["prompt_tokens"] / b["prompt_tokens"], 4) if b["prompt_tokens"] else None
+        tot["cost_ratio"] = round(tot["cost_units"] / b["cost_units"], 4) if b["cost_units"] else None
+        both = [(q, base_rows[(t["trace"], q["turn"])]) for t in res["traces"] for q in t["rows"]
+                if q["status"] == 200 and base_rows.get((t["trace"], q["turn"]), {}).get("status") == 200]
+        p = sum(q["prompt_tokens"] for q, _ in both)
+        c = sum(q["cached_tokens"] for q, _ in both)
+        bp = sum(x["prompt_tokens"] for _, x in both)
+        bc = sum(x["cached_tokens"] for _, x in both)
+        saved = sum(q.get("tokens_saved", 0) for q, _ in both)
+        tot["common"] = {"requests": len(both), "prompt_tokens": p, "cached_tokens": c,
+                         "tokens_saved_header": saved, "tokens_saved_measured": bp - p,
+                         "hit_rate": round(c / p, 5) if p else None,
+                         "baseline_prompt_tokens": bp, "baseline_cached_tokens": bc,
+                         "baseline_hit_rate": round(bc / bp, 5) if bp else None,
+                         "prompt_ratio": round(p / bp, 4) if bp else None}
+        tot["hit_rate_delta_points"] = (round((tot["hit_rate"] - b["hit_rate"]) * 100, 3)
+                                        if tot["hit_rate"] is not None and b["hit_rate"] is not None else None)
+        for t in res["traces"]:
+            bt = next((x for x in base["traces"] if x["trace"] == t["trace"]), None)
+            if bt and bt["prompt_tokens"]:
+                t["prompt_ratio"] = round(t["prompt_tokens"] / bt["prompt_tokens"], 4)
+
+
+def _hit_note(delta: float | None, limit: float) -> str:
+    if delta is not None and abs(delta) > limit and delta > 0:
+        return (f" (fails only upward: the proxy's hit rate is {delta:.2f} points higher, "
+                f"i.e. it is not lower by more than {limit} points)")
+    return ""
+
+
+def acceptance(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 3's criteria, evaluated as written (|difference|); each with the figures it rests on."""
+    by = {r["setting"]: r["total"] for r in results}
+    out = []
+    b = by.get(BASELINE)
+    if b is None:
+        return out
+    if "ctxproxy-default" in by:
+        d = by["ctxproxy-default"]
+        delta = d["hit_rate_delta_points"]
+        out.append({"criterion": "default thresholds: hit rate within 0.5 points of no-proxy",
+                    "met": delta is not None and abs(delta) <= 0.5,
+                    "figures": f"{_pct(d['hit_rate'])} vs {_pct(b['hit_rate'])} ({delta:+.2f} points); "
+                               f"over turns both served: {_pct(d['common']['hit_rate'])} vs "
+                               f"{_pct(d['common']['baseline_hit_rate'])}" + _hit_note(delta, 0.5),
+                    "met_one_sided": delta is not None and delta >= -0.5})
+        out.append({"criterion": "default thresholds: no request fails",
+                    "met": d["rejected"] == 0,
+                    "figures": f"{d['rejected']} rejected ({d['context_length_exceeded']} context_length_exceeded); "
+                               f"no-proxy: {b['rejected']} rejected ({b['context_length_exceeded']} "
+                               f"context_length_exceeded)"})
+    if "ctxproxy-offload-1000" in by:
+        o = by["ctxproxy-offload-1000"]
+        delta = o["hit_rate_delta_points"]
+        out.append({"criterion": "tool_result_tokens 1000: prompt tokens <= 85% of no-proxy's",
+                    "met": o["prompt_ratio"] is not None and o["prompt_ratio"] <= 0.85,
+                    "figures": f"{o['prompt_tokens']:,} / {b['prompt_tokens']:,} = {_pct(o['prompt_ratio'])} "
+                               f"(over turns both served: {_pct(o['common']['prompt_ratio'])})"})
+        out.append({"criterion": "tool_result_tokens 1000: hit rate within 2 points of no-proxy",
+                    "met": delta is not None and abs(delta) <= 2.0,
+                    "figures": f"{_pct(o['hit_rate'])} vs {_pct(b['hit_rate'])} ({delta:+.2f} points); "
+                               f"over turns both served: {_pct(o['common']['hit_rate'])} vs "
+                               f"{_pct(o['common']['baseline_hit_rate'])}" + _hit_note(delta, 2.0),
+                    "met_one_sided": delta is not None and delta >= -2.0})
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.2f}%"
+
+
+def markdown(results: list[dict[str, Any]], criteria: list[dict[str, Any]]) -> str:
+    lines = ["| setting | requests | rejected (ctx exceeded) | prompt tokens | cached tokens | hit rate | "
+             "cost units | prompt vs no-proxy | prompt vs no-proxy, turns both served | wall s | proxy CPU s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        t = r["total"]
+        common = t.get("common") or {}
+        lines.append(f"| {r['setting']} | {t['requests']} | {t['rejected']} ({t['context_length_exceeded']}) | "
+                     f"{t['prompt_tokens']:,} | {t['cached_tokens']:,} | {_pct(t['hit_rate'])} | "
+                     f"{t['cost_units']:,.0f} | {_pct(t.get('prompt_ratio'))} | {_pct(common.get('prompt_ratio'))} | "
+                     f"{t['wall_s']:.1f} | {r['proxy'].get('cpu_s') if r['proxy'].get('cpu_s') is not None else '-'} |")
+    lines += ["", "| setting | tool pairing: bad requests, strict (client's own) | rewritten msgs | preview not smaller | "
+              "max preview share | unstable rewrites | altered w/o placeholder | placeholder w/o read tool | "
+              "over threshold, not offloaded | proxy overhead ms (sum / max) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        t = r["total"]
+        w = t.get("rewrites")
+        p = r["proxy"]
+        if w is None:
+            lines.append(f"| {r['setting']} | {t['pairing_problems']}, {t['pairing_problems_strict']} ({t['client_pairing_problems']}) | - | - | - | - | - | - | - | - |")
+            continue
+        share = "-" if w["max_preview_share"] is None else f"{w['max_preview_share']:.3f}"
+        lines.append(f"| {r['setting']} | {t['pairing_problems']}, {t['pairing_problems_strict']} ({t['client_pairing_problems']}) | "
+                     f"{w['rewritten_messages']} | {w['preview_not_smaller']} | {share} | {w['unstable_rewrites']} | "
+                     f"{w['altered_without_placeholder']} | {w['placeholder_without_read_tool']} | "
+                     f"{w['over_threshold_not_offloaded']} | {p.get('overhead_ms', '-')} / {p.get('max_overhead_ms', '-')} |")
+    if criteria:
+        lines += ["", "| issue 3 criterion | met | figures |", "|---|---|---|"]
+        lines += [f"| {c['criterion']} | {'yes' if c['met'] else '**no**'} | {c['figures']} |" for c in criteria]
+    return "\n".join(lines)
+
+
+def per_trace_markdown(results: list[dict[str, Any]]) -> str:
+    names = [r["setting"] for r in results]
+    head = "| trace | turns | " + " | ".join(f"{n}: prompt / hit / rej" for n in names) + " |"
+    lines = [head, "|---|---:|" + "---:|" * len(names)]
+    traces = [t["trace"] for t in results[0]["traces"]]
+    for k, tid in enumerate(traces):
+        cells = []
+        for r in results:
+            t = r["traces"][k]
+            cells.append(f"{t['prompt_tokens']:,} / {_pct(t['hit_rate'])} / {t['rejected']}")
+        lines.append(f"| {tid} | {results[0]['traces'][k]['requests']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def git_state() -> dict[str, Any]:
+    """HEAD of this repository and whether proxy/ differs from it (parallel edits)."""
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"head": git("rev-parse", "HEAD"),
+            "proxy_dirty": bool(git("status", "--porcelain", "--", "proxy"))}
+
+
+def machine() -> dict[str, Any]:
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--window", type=int, default=mu.DEFAULT_WINDOW, help="the mock's context window for gpt-4o")
+    ap.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
+                    help=f"comma-separated, from: {', '.join(SETTINGS)}")
+    ap.add_argument("--traces", default="", help="comma-separated trajectory ids (01,19); default all")
+    ap.add_argument("--traces-dir", default=TRACES_DIR)
+    ap.add_argument("--json", dest="json_path", help="write all results (with per-request rows) here")
+    ap.add_argument("--proxy-mode", choices=("subprocess", "inprocess"), default="subprocess")
+    ap.add_argument("--final-turn", action="store_true",
+                    help="also send each whole trajectory that ends on a tool/user message (the next turn)")
+    ap.add_argument("--proxy-src", help="directory with the proxy package to run (subprocess mode), e.g. a "
+                                        "`git archive HEAD proxy` snapshot; default: the installed one")
+    ap.add_argument("--per-trace", action="store_true", help="also print the per-trajectory table")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = ap.parse_args(argv)
+
+    names = [s.strip() for s in args.settings.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        ap.error(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
+    traces = load_traces(args.traces_dir, [s for s in args.traces.split(",") if s.strip()] or None)
+
+    t0 = time.perf_counter()
+    results = []
+    with mu.MockUpstream() as mock:
+        for name in names:
+            results.append(replay_setting(SETTINGS[name], traces, mock, args.window, args.proxy_mode,
+                                          final_turn=args.final_turn, progress=not args.quiet,
+                                          proxy_src=args.proxy_src))
+    runtime = time.perf_counter() - t0
+    compare(results)
+    criteria = acceptance(results)
+
+    print(markdown(results, criteria))
+    if args.per_trace:
+        print()
+        print(per_trace_markdown(results))
+    print(f"\n{len(traces)} trajectories, {sum(len(t.turns(args.final_turn)) for t in traces)} requests per setting "
+          f"({'with' if args.final_turn else 'without'} final turns), window {args.window:,}, "
+          f"proxy {args.proxy_mode}; total runtime {runtime:.1f}s")
+    if args.json_path:
+        out = {"command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]) if argv is None else argv,
+               "window": args.window, "proxy_mode": args.proxy_mode, "final_turn": args.final_turn,
+               "proxy_src": os.path.abspath(args.proxy_src) if args.proxy_src else None, "git": git_state(),
+               "machine": machine(),
+               "runtime_s": round(runtime, 2), "criteria": criteria, "results": results}
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
