@@ -58,6 +58,7 @@ class Conversation:
     changed: bool = False
     events: list[Event] = field(default_factory=list)
     read_tool: ReadTool | None = None
+    notes: dict[str, Any] = field(default_factory=dict)  # what one transform measured for a later one
 
     @property
     def messages(self) -> list[dict[str, Any]]:

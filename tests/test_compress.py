@@ -45,7 +45,7 @@ def responder(req: dict) -> str:
 def settings(upstream, store: str, **compress):
     upstream.windows[MODEL] = WINDOW
     return make_settings(upstream.base_url, store, models={MODEL: {"context_window": WINDOW}},
-                         defaults={"offload": {"enabled": False},
+                         defaults={"offload": {"enabled": False}, "status_bar": {"enabled": False},
                                    "compress": {"keep_recent_tokens": 1200, **compress}})
 
 
@@ -225,6 +225,7 @@ def test_unknown_window_is_learned_from_the_provider_and_remembered(upstream, tm
     """A local model the proxy knows nothing about: the first overflow teaches it the window."""
     store = f"sqlite:///{tmp_path}/c.db"
     cfg = make_settings(upstream.base_url, store, defaults={"offload": {"enabled": False},
+                                                            "status_bar": {"enabled": False},
                                                             "compress": {"keep_recent_tokens": 800}})
     upstream.windows["my-local-coder"] = 4000
     upstream.script(*[responder] * 20)

@@ -31,11 +31,12 @@ def _transforms() -> list[type[Transform]]:
     from proxy.pipeline.compress import Compress
     from proxy.pipeline.offload import Offload
     from proxy.pipeline.read_tool import ReadToolTransform
+    from proxy.pipeline.status import StatusBar, StatusHistory
 
-    return [Offload, Compress, ReadToolTransform]
+    return [StatusHistory, Offload, Compress, ReadToolTransform, StatusBar]
 
 
-# Ordered: offload → compress → status bar, as each lands.
+# Ordered: earlier statuses back in place → offload → compress → read tool → the new status, last.
 TRANSFORMS: list[type[Transform]] = _transforms()
 
 SECTION_MODELS: dict[str, type[BaseModel]] = {t.name: t.Settings for t in TRANSFORMS}

@@ -1,0 +1,171 @@
+"""Agent status bar: terse key-value state, computed by code, as the last message of an agent request.
+
+Two transforms share the `status_bar` section. `StatusHistory` runs first: it
+measures the trajectory on the client's full history and, in `append` mode,
+re-inserts every earlier status of the session at exactly its original place
+with exactly its original bytes (recorded in the store), so the prefix the
+provider cached stays identical. `StatusBar` runs after compression: it
+appends the new status, with context use as it will reach the provider.
+
+Modes: `append` keeps each status in the history (~100 tokens a turn, which
+compression later folds in; the model sees how its state evolved);
+`replace` sends only the latest (nothing accumulates; the cache still hits up
+to the end of the previous turn, losing only the previous status itself).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import OrderedDict
+from typing import Any, ClassVar, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from proxy.conversation import Conversation, Event, RequestContext
+from proxy.tokens import default_counter, message_digest
+from proxy.trajectory import DEFAULT_ERROR_PATTERN, STATUS_OPEN, TodoShape, Trajectory, analyze, is_status
+
+_SESSIONS_CACHED = 10_000  # sessions whose recorded statuses are kept in process
+_PREV_HEX = 16  # hex chars of the preceding message's digest stored with a status
+
+
+class Guidance(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    at: float = Field(gt=0)  # threshold: a count, or a share of the window for `context`
+    text: str  # "" disables the line
+
+
+class StatusBarSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    agents_only: bool = True  # only requests with tools or tool messages get a status
+    role: Literal["user", "system", "developer"] = "user"
+    mode: Literal["append", "replace"] = "append"
+    error_pattern: str = DEFAULT_ERROR_PATTERN  # a tool result matching this looks like a failure
+    todo: TodoShape = TodoShape()
+    repeated_call: Guidance = Guidance(at=3, text="the same call keeps repeating: change approach")
+    consecutive_errors: Guidance = Guidance(at=2, text="errors in a row: read the error and diagnose before retrying")
+    context: Guidance = Guidance(at=0.8, text="context nearly full: finish the task or save your state")
+
+    @field_validator("error_pattern")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        re.compile(v)
+        return v
+
+
+def _is_agent(conv: Conversation) -> bool:
+    return bool(conv.body.get("tools")) or any(m.get("role") in ("tool", "function") for m in conv.messages)
+
+
+def _keys(ctx: RequestContext) -> tuple[str, str]:
+    base = f"t:{ctx.tenant}:s:{ctx.session}"
+    return base + ":status", base + ":clock"
+
+
+class StatusHistory:
+    name: ClassVar[str] = "status_bar"
+    Settings: ClassVar[type[BaseModel]] = StatusBarSettings
+
+    def __init__(self, settings: StatusBarSettings) -> None:
+        self.settings = settings
+        self.pattern = re.compile(settings.error_pattern)
+        self._recorded: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
+
+    async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
+        if self.settings.agents_only and not _is_agent(conv):
+            return conv
+        raw = [m for m in conv.messages if not is_status(m)]
+        conv.notes["trajectory"] = analyze(raw, self.pattern, self.settings.todo)
+        prev = message_digest(raw[-1]).hex()[:_PREV_HEX] if raw else ""
+        conv.notes["status_anchor"] = (len(raw), prev)
+        if self.settings.mode != "append":
+            return conv
+        entries = await self._entries(ctx)
+        at: dict[int, dict[str, Any]] = {}
+        for e in entries:
+            at.setdefault(e["k"], e)
+        out: list[dict[str, Any]] = []
+        for k, m in enumerate(raw, start=1):
+            out.append(m)
+            e = at.get(k)
+            if e is not None and e["prev"] == message_digest(m).hex()[:_PREV_HEX]:
+                out.append({"role": self.settings.role, "content": e["content"]})
+        if len(out) != len(raw) or len(raw) != len(conv.messages):
+            conv.set_messages(out)
+        return conv
+
+    async def _entries(self, ctx: RequestContext) -> list[dict[str, Any]]:
+        key = (ctx.tenant, ctx.session)
+        cached = self._recorded.get(key, [])
+        new = await ctx.store.read_log(_keys(ctx)[0], start=len(cached))
+        if new:
+            cached = cached + [orjson.loads(x) for x in new]
+        self._recorded[key] = cached
+        self._recorded.move_to_end(key)
+        if len(self._recorded) > _SESSIONS_CACHED:
+            self._recorded.popitem(last=False)
+        return cached
+
+
+class StatusBar:
+    name: ClassVar[str] = "status_bar"
+    Settings: ClassVar[type[BaseModel]] = StatusBarSettings
+
+    def __init__(self, settings: StatusBarSettings) -> None:
+        self.settings = settings
+
+    async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
+        traj: Trajectory | None = conv.notes.get("trajectory")
+        if traj is None:
+            return conv
+        n, prev = conv.notes["status_anchor"]
+        if conv.messages and is_status(conv.messages[-1]):
+            return conv  # the status recorded for exactly this history (a retry): already in place
+        status_key, clock_key = _keys(ctx)
+        now = time.time()
+        clock = await ctx.store.get_json(clock_key) or {"first": now, "last": now}
+        await ctx.store.put_json(clock_key, {"first": clock["first"], "last": now})
+        model = conv.body.get("model")
+        used = default_counter.count_messages(conv.messages, model) + default_counter.count_tools(conv.body.get("tools"), model)
+        text = self.render(traj, conv, ctx.window, used, now - clock["first"], now - clock["last"], now)
+        conv.set_messages([*conv.messages, {"role": self.settings.role, "content": text}])
+        conv.events.append(Event("status", {}))
+        if self.settings.mode == "append":
+            await ctx.store.append_log(status_key, orjson.dumps({"k": n, "prev": prev, "content": text}))
+        return conv
+
+    def render(self, t: Trajectory, conv: Conversation, window: int, used: int, since_first: float,
+               since_last: float, now: float) -> str:
+        s = self.settings
+        offloads = sum(1 for e in conv.events if e.kind == "offload")
+        compactions = max((e.detail.get("version", 0) for e in conv.events if e.kind == "compaction"), default=0)
+        per_tool = ", ".join(f"{name}={c}" for name, c in sorted(t.calls.items(), key=lambda kv: (-kv[1], kv[0])))
+        share = used / window if window else 0.0
+        lines = [f"turn: {t.turns}", f"tool_calls: {sum(t.calls.values())}" + (f" ({per_tool})" if per_tool else "")]
+        if t.last_tool:
+            lines.append(f"last_tool: {t.last_tool} ({'error' if t.last_error else 'ok'})")
+        if t.repeated > 1:
+            lines.append(f"repeated_call: {t.last_call} x{t.repeated}")
+        lines.append(f"consecutive_errors: {t.consecutive_errors}")
+        lines.append(f"elapsed: {_duration(since_first)} total, {_duration(since_last)} since last request")
+        lines.append(f"context: {share:.0%} ({used:,}/{window:,} tokens), offloaded {offloads}, compactions {compactions}")
+        lines.append("time: " + time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(now)))
+        if t.todo_open is not None:
+            lines.append(f"todo: {t.todo_open} open, {t.todo_done} done")
+        for value, rule in ((t.repeated, s.repeated_call), (t.consecutive_errors, s.consecutive_errors), (share, s.context)):
+            if rule.text and value >= rule.at:
+                lines.append(f"advice: {rule.text}")
+        return STATUS_OPEN + "\n" + "\n".join(lines) + "\n</agent_status>"
+
+
+def _duration(seconds: float) -> str:
+    s = int(max(0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -1,0 +1,106 @@
+"""What an agent has done so far, computed by code from the message structure.
+
+Models are poor at deriving state from a long history in one pass; code is
+exact. Every value here comes from roles, tool-call names and arguments, and
+whether a result looks like a failure - never from text copied out of a tool
+result, so a tool result cannot forge the status.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+STATUS_OPEN = "<agent_status>"
+# Enough of a result's start and end to see a failure; a 800k-char log is not scanned whole.
+_SCAN_CHARS = 4000
+DEFAULT_ERROR_PATTERN = (r"(?im)^(?:error|fatal|exception)\b|traceback \(most recent call last\)|\bcommand not found\b"
+                         r"|\bno such file or directory\b|\bpermission denied\b|\bexit (?:code|status):? *[1-9]"
+                         r"|\b(?:\w+error|\w+exception):|\bsegmentation fault\b|\bfailed\b")
+
+
+@dataclass(frozen=True)
+class TodoShape:
+    """How a client's todo tool looks: tool names, the list argument, the status field and its done values."""
+
+    tools: tuple[str, ...] = ("todo_write", "TodoWrite", "write_todos", "update_todos", "todowrite")
+    list_arg: str = "todos"
+    status_field: str = "status"
+    done_values: tuple[str, ...] = ("completed", "done", "complete")
+
+
+@dataclass
+class Trajectory:
+    turns: int = 0
+    calls: Counter = field(default_factory=Counter)
+    last_tool: str | None = None  # the tool whose result came last
+    last_call: str | None = None  # the tool called last
+    last_error: bool = False
+    repeated: int = 0  # how many times in a row the latest call had the same name and arguments
+    consecutive_errors: int = 0
+    todo_open: int | None = None
+    todo_done: int | None = None
+
+
+def is_status(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return message.get("role") == "user" and isinstance(content, str) and content.startswith(STATUS_OPEN)
+
+
+def looks_like_error(message: dict[str, Any], pattern: re.Pattern[str]) -> bool:
+    if message.get("is_error") is True:
+        return True
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    if not isinstance(content, str):
+        return False
+    sample = content if len(content) <= 2 * _SCAN_CHARS else content[:_SCAN_CHARS] + "\n" + content[-_SCAN_CHARS:]
+    return bool(pattern.search(sample))
+
+
+def _todo_counts(arguments: str, shape: TodoShape) -> tuple[int, int] | None:
+    try:
+        args = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return None
+    items = args.get(shape.list_arg) if isinstance(args, dict) else None
+    if not isinstance(items, list):
+        return None
+    done = sum(1 for t in items if isinstance(t, dict) and str(t.get(shape.status_field, "")).lower() in shape.done_values)
+    return len(items) - done, done
+
+
+def analyze(messages: Sequence[dict[str, Any]], error_pattern: re.Pattern[str], todo: TodoShape) -> Trajectory:
+    t = Trajectory()
+    names: dict[Any, str] = {}
+    last_sig: tuple[str, str] | None = None
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant":
+            t.turns += 1
+            for call in m.get("tool_calls") or ():
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict):
+                    continue
+                name, args = str(fn.get("name") or "?"), str(fn.get("arguments") or "")
+                names[call.get("id")] = name
+                t.calls[name] += 1
+                t.last_call = name
+                sig = (name, args)
+                t.repeated = t.repeated + 1 if sig == last_sig else 1
+                last_sig = sig
+                if name in todo.tools:
+                    counts = _todo_counts(args, todo)
+                    if counts is not None:
+                        t.todo_open, t.todo_done = counts
+        elif role in ("tool", "function"):
+            t.last_tool = names.get(m.get("tool_call_id"), m.get("name") or "?")
+            t.last_error = looks_like_error(m, error_pattern)
+            t.consecutive_errors = t.consecutive_errors + 1 if t.last_error else 0
+    return t
