@@ -45,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await app.state.proxy.accounting.drain()
             await upstream.aclose()
             await store.close()
 

@@ -15,6 +15,7 @@ from proxy.config import Route
 from proxy.errors import BadRequest
 from proxy.jsonio import JsonStyle
 from proxy.store import Store
+from proxy.tokens import message_digest
 from proxy.upstream import Upstream
 
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
@@ -59,6 +60,17 @@ class Conversation:
     events: list[Event] = field(default_factory=list)
     read_tool: ReadTool | None = None
     notes: dict[str, Any] = field(default_factory=dict)  # what one transform measured for a later one
+    client_messages: list[dict[str, Any]] = field(default_factory=list)  # as the client sent them
+    _digests: dict[int, tuple[dict[str, Any], bytes]] = field(default_factory=dict, repr=False)
+
+    def digest(self, message: dict[str, Any]) -> bytes:
+        """message_digest, once per message object per request (transforms and accounting share it)."""
+        hit = self._digests.get(id(message))
+        if hit is not None and hit[0] is message:
+            return hit[1]
+        d = message_digest(message)
+        self._digests[id(message)] = (message, d)
+        return d
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -81,7 +93,7 @@ class Conversation:
         except orjson.JSONDecodeError as e:
             raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
         check_chat_body(body)
-        return cls(raw=raw, body=body)
+        return cls(raw=raw, body=body, client_messages=body["messages"])
 
 
 def check_chat_body(body: Any) -> None:

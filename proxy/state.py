@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
+from proxy.accounting import Accountant
 from proxy.config import Settings
 from proxy.learned_windows import LearnedWindows
+from proxy.metrics import Metrics
 from proxy.pipeline import Transform, build_pipeline
 from proxy.store import Store
 from proxy.upstream import Upstream
@@ -19,13 +21,16 @@ class ProxyState:
     upstream: Upstream
     store: Store
     windows: LearnedWindows
+    metrics: Metrics
+    accounting: Accountant
     pipelines: dict[str, list[Transform]] = field(default_factory=dict)
 
     @classmethod
     def create(cls, settings: Settings, upstream: Upstream, store: Store) -> ProxyState:
         pipelines = {r.name: build_pipeline(r) for r in settings.routes}
+        metrics = Metrics()
         return cls(settings=settings, upstream=upstream, store=store, windows=LearnedWindows(store),
-                   pipelines=pipelines)
+                   metrics=metrics, accounting=Accountant(store, metrics), pipelines=pipelines)
 
 
 def state_of(request: Request) -> ProxyState:

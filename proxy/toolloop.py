@@ -22,6 +22,8 @@ from proxy.conversation import Conversation, ReadTool
 from proxy.errors import ProxyError
 from proxy.jsonio import JsonStyle
 from proxy.readback import answer
+from proxy.sse import event_data, is_usage_chunk, split_events
+from proxy.usage import Usage, parse_usage, usage_of_body
 from proxy.upstream import iter_raw, read_body
 
 Send = Callable[[bytes], Awaitable[httpx.Response]]
@@ -35,6 +37,11 @@ class Rounds:
         self.style = JsonStyle.sniff(conv.raw)
         self.messages = list(conv.messages)
         self.done = 0  # rounds answered by the proxy
+        self.own: Usage | None = None  # usage of the provider calls the client never saw
+
+    def add_own(self, usage: Usage | None) -> None:
+        if usage is not None:
+            self.own = usage if self.own is None else self.own + usage
 
     @property
     def last(self) -> bool:
@@ -85,31 +92,12 @@ async def complete(send: Send, first: httpx.Response, url: str, rounds: Rounds) 
         if not ours:
             return resp, content
         if len(ours) == len(calls) and not rounds.last:
+            rounds.add_own(usage_of_body(data))
             resp = await send(await rounds.next_body(message.get("content"), ours))
             continue
         if not _strip_ours(message, rounds) and choice.get("finish_reason") == "tool_calls":
             choice["finish_reason"] = "stop"
         return resp, orjson.dumps(data)
-
-
-def _events(buffer: bytearray) -> list[bytes]:
-    out = []
-    while True:
-        i = buffer.find(b"\n\n")
-        if i < 0:
-            return out
-        out.append(bytes(buffer[:i + 2]))
-        del buffer[:i + 2]
-
-
-def _data(event: bytes) -> Any:
-    payload = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
-    if not payload or payload == b"[DONE]":
-        return payload or None
-    try:
-        return orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return None
 
 
 def _delta(chunk: Any) -> dict[str, Any] | None:
@@ -128,8 +116,8 @@ async def stream(send: Send, first: httpx.Response, url: str, rounds: Rounds) ->
         buffer = bytearray()
         async for raw in iter_raw(resp, url):
             buffer += raw.replace(b"\r\n", b"\n")
-            for ev in _events(buffer):
-                chunk = _data(ev)
+            for ev in split_events(buffer):
+                chunk = event_data(ev)
                 choice = _delta(chunk)
                 delta = (choice or {}).get("delta") or {}
                 if delta.get("tool_calls") or (choice and choice.get("finish_reason")) or chunk == b"[DONE]" \
@@ -156,6 +144,9 @@ async def stream(send: Send, first: httpx.Response, url: str, rounds: Rounds) ->
                 yield ev
             return
         if len(ours) == len(calls) and not rounds.last:
+            for _, chunk in held:
+                if is_usage_chunk(chunk):
+                    rounds.add_own(parse_usage(chunk["usage"]))
             body = await rounds.next_body("".join(text) or None, [calls[i] for i in sorted(calls)])
             try:
                 resp = await send(body)

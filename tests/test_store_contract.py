@@ -248,6 +248,17 @@ async def test_counters_add_up_across_two_store_instances(store: Store, backend:
     assert await other.get_counter("t:a:usd") == pytest.approx(2.5)
 
 
+async def test_incr_many_adds_to_each_counter_atomically(store: Store, backend: Backend) -> None:
+    other = backend.open()
+    await store.incr("t:a:seen", 5)
+    await asyncio.gather(*(([store, other][i % 2]).incr_many({"t:a:seen": 1, "t:a:tokens": 100, "t:a:cost": 0.5})
+                           for i in range(20)))
+    assert await other.get_counter("t:a:seen") == 25
+    assert await store.get_counter("t:a:tokens") == 2000
+    assert await store.get_counter("t:a:cost") == pytest.approx(10.0)
+    await store.incr_many({})
+
+
 async def test_counters_by_prefix(store: Store) -> None:
     await store.incr("t:a:in", 10)
     await store.incr("t:a:out", 2.5)

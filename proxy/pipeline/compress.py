@@ -30,7 +30,7 @@ from proxy.logs import event
 from proxy.preview import read_call
 from proxy.readback import tool_name_for
 from proxy.summarizer import SummarizerError, SummarizerTarget, render, summarize
-from proxy.tokens import REPLY_PRIMING_TOKENS, default_counter, message_digest
+from proxy.tokens import REPLY_PRIMING_TOKENS, default_counter
 
 PLACEHOLDER_MARK = "[ctxproxy:"  # text the proxy wrote; never cleared or offloaded again
 DEFAULT_FACTS = ("What is the task, with its constraints?", "Which files were read, created or changed, and how?",
@@ -73,7 +73,7 @@ class Compress:
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         s, model = self.settings, conv.body.get("model")
         raw = conv.messages
-        digests = [message_digest(m) for m in raw]
+        digests = [conv.digest(m) for m in raw]
         counts = default_counter.message_counts(raw, model, digests)
         fixed = default_counter.count_tools(conv.body.get("tools"), model) + REPLY_PRIMING_TOKENS \
             + reserve_tokens(conv.body)

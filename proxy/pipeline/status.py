@@ -24,7 +24,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy.conversation import Conversation, Event, RequestContext
-from proxy.tokens import default_counter, message_digest
+from proxy.tokens import default_counter
 from proxy.trajectory import DEFAULT_ERROR_PATTERN, STATUS_OPEN, TodoShape, Trajectory, analyze, is_status
 
 _SESSIONS_CACHED = 10_000  # sessions whose recorded statuses are kept in process
@@ -80,7 +80,7 @@ class StatusHistory:
             return conv
         raw = [m for m in conv.messages if not is_status(m)]
         conv.notes["trajectory"] = analyze(raw, self.pattern, self.settings.todo)
-        prev = message_digest(raw[-1]).hex()[:_PREV_HEX] if raw else ""
+        prev = conv.digest(raw[-1]).hex()[:_PREV_HEX] if raw else ""
         conv.notes["status_anchor"] = (len(raw), prev)
         if self.settings.mode != "append":
             return conv
@@ -92,7 +92,7 @@ class StatusHistory:
         for k, m in enumerate(raw, start=1):
             out.append(m)
             e = at.get(k)
-            if e is not None and e["prev"] == message_digest(m).hex()[:_PREV_HEX]:
+            if e is not None and e["prev"] == conv.digest(m).hex()[:_PREV_HEX]:
                 out.append({"role": self.settings.role, "content": e["content"]})
         if len(out) != len(raw) or len(raw) != len(conv.messages):
             conv.set_messages(out)

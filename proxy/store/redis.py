@@ -149,6 +149,19 @@ class RedisStore(JsonRecordsMixin):
             total = await self._client.incrbyfloat(k, amount)
         return incr_result(amount, _parse_number(total))
 
+    async def incr_many(self, amounts: dict[str, int | float]) -> None:
+        for amount in amounts.values():
+            check_amount(amount)
+        with self._errors("incr_many"):
+            pipe = self._client.pipeline(transaction=False)
+            for key, amount in amounts.items():
+                k = self._k(_COUNTER, key)
+                if isinstance(amount, int):
+                    pipe.incrby(k, amount)
+                else:
+                    pipe.incrbyfloat(k, amount)
+            await pipe.execute()
+
     async def get_counter(self, key: str) -> int | float:
         with self._errors("get_counter"):
             raw = await self._client.get(self._k(_COUNTER, key))

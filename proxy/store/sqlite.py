@@ -197,6 +197,18 @@ class SqliteStore(JsonRecordsMixin):
         rows = await self._rows("incr", sql, key=key, amount=check_amount(amount))
         return incr_result(amount, rows[0][0])
 
+    async def incr_many(self, amounts: dict[str, int | float]) -> None:
+        for amount in amounts.values():
+            check_amount(amount)
+        sql = ("INSERT INTO counters (key, value) VALUES (?, ?) ON CONFLICT (key)"
+               " DO UPDATE SET value = value + excluded.value")
+
+        def write(conn: sqlite3.Connection, p: Params) -> None:
+            with _transaction(conn, "BEGIN IMMEDIATE"):
+                conn.executemany(sql, list(amounts.items()))
+
+        await self._run("incr_many", write)
+
     async def get_counter(self, key: str) -> int | float:
         rows = await self._rows("get_counter", "SELECT value FROM counters WHERE key = :key", key=key)
         return as_number(rows[0][0]) if rows else 0

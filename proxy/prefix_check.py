@@ -1,0 +1,103 @@
+"""How much of a request repeats the previous request of its session, and why a cached prefix broke.
+
+Providers cache byte-identical prefixes (tool definitions first, then messages).
+The proxy knows what it sent last time for a session, so it can say what
+*could* have been cached (a per-message hash chain, no re-tokenizing) and, when
+the shared prefix falls well short of the previous prompt, whose change broke
+it: the client's (system prompt, tools, an edited or truncated history) or the
+proxy's own (a compaction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# A break costs less than this many tokens (or share of the previous prompt): not worth a cause.
+MIN_LOST_TOKENS = 256
+MIN_LOST_SHARE = 0.05
+
+
+@dataclass
+class Trace:
+    """One request of a session, as the client sent it and as the provider received it."""
+
+    raw: list[bytes]  # message digests, client's view
+    system: int  # leading system/developer messages in the client's view
+    sent: list[bytes]  # message digests, as sent upstream
+    counts: list[int]  # tokens of each sent message
+    tools: bytes  # digest of the tool list sent ("" if none)
+    tool_names: list[str]
+    tool_tokens: int
+    compaction: int  # the compaction version applied
+
+    @property
+    def prompt(self) -> int:
+        return self.tool_tokens + sum(self.counts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"raw": [d.hex() for d in self.raw], "system": self.system, "sent": [d.hex() for d in self.sent],
+                "counts": self.counts, "tools": self.tools.hex(), "tool_names": self.tool_names,
+                "tool_tokens": self.tool_tokens, "compaction": self.compaction}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Trace:
+        return cls([bytes.fromhex(x) for x in d["raw"]], d["system"], [bytes.fromhex(x) for x in d["sent"]],
+                   d["counts"], bytes.fromhex(d["tools"]), d["tool_names"], d["tool_tokens"], d["compaction"])
+
+
+@dataclass(frozen=True)
+class PrefixCheck:
+    cacheable: int  # tokens this request shares byte for byte with the previous one of its session
+    previous: int  # tokens of the previous prompt
+    cause: str | None  # why the shared prefix fell short, when it did
+
+
+def _lcp(a: list[bytes], b: list[bytes]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _tools_cause(prev: Trace, cur: Trace) -> str:
+    if sorted(prev.tool_names) == sorted(cur.tool_names):
+        return "tools reordered" if prev.tool_names != cur.tool_names else "tool definitions changed"
+    if set(prev.tool_names) < set(cur.tool_names):
+        return "tools added"
+    if set(cur.tool_names) < set(prev.tool_names):
+        return "tools removed"
+    return "tools changed"
+
+
+def compare(prev: Trace | None, cur: Trace) -> PrefixCheck:
+    if prev is None:
+        return PrefixCheck(0, 0, None)
+    if prev.tools != cur.tools:
+        return PrefixCheck(0, prev.prompt, _tools_cause(prev, cur))
+    common = _lcp(prev.sent, cur.sent)
+    cacheable = cur.tool_tokens + sum(cur.counts[:common])
+    lost = prev.prompt - cacheable
+    if common == len(prev.sent) or lost < max(MIN_LOST_TOKENS, MIN_LOST_SHARE * prev.prompt):
+        return PrefixCheck(cacheable, prev.prompt, None)
+    raw_common = _lcp(prev.raw, cur.raw)
+    if raw_common < len(prev.raw):
+        if raw_common < max(prev.system, cur.system):
+            cause = "system prompt changed"
+        elif raw_common == len(cur.raw):
+            cause = "history truncated by the client"
+        else:
+            cause = "earlier message edited by the client"
+    elif cur.compaction != prev.compaction:
+        cause = "proxy compaction"
+    else:
+        cause = "proxy rewrite"
+    return PrefixCheck(cacheable, prev.prompt, cause)
+
+
+def expiry_cause(check: PrefixCheck, cached: int | None, min_cacheable: int = 1024) -> str | None:
+    """Prefix intact, yet the provider cached nothing: its cache expired or evicted the prefix."""
+    if check.cause is None and cached == 0 and check.cacheable >= min_cacheable:
+        return "cache expired (prefix intact, nothing cached)"
+    return check.cause

@@ -1,0 +1,65 @@
+"""Server-sent events from a provider: split into events, read the usage chunk, hide it when the client did not ask.
+
+The proxy asks every stream for `stream_options.include_usage` so it can
+account for it; a client that did not ask must not receive that extra chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+
+from proxy.usage import Usage, parse_usage
+
+DONE = b"[DONE]"
+
+
+def split_events(buffer: bytearray) -> list[bytes]:
+    """Whole events (each ending in a blank line) taken off the front of the buffer."""
+    out = []
+    while True:
+        i = buffer.find(b"\n\n")
+        if i < 0:
+            return out
+        out.append(bytes(buffer[:i + 2]))
+        del buffer[:i + 2]
+
+
+def event_data(event: bytes) -> Any:
+    """The JSON of an event's data lines; b"[DONE]"; or None."""
+    payload = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+    if not payload or payload == DONE:
+        return payload or None
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def is_usage_chunk(chunk: Any) -> bool:
+    return isinstance(chunk, dict) and chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)
+
+
+async def account_stream(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
+                         hide_usage: bool) -> AsyncIterator[bytes]:
+    """Pass events through as they complete; report the usage chunk, and drop it if the client did not ask."""
+    buffer = bytearray()
+    async for raw in chunks:
+        buffer += raw.replace(b"\r\n", b"\n") if b"\r" in raw else raw
+        out = []
+        for ev in split_events(buffer):
+            if b'"usage":{' in ev or b'"usage": {' in ev:
+                chunk = event_data(ev)
+                if is_usage_chunk(chunk):
+                    usage = parse_usage(chunk["usage"])
+                    if usage is not None:
+                        on_usage(usage)
+                    if hide_usage:
+                        continue
+            out.append(ev)
+        if out:
+            yield b"".join(out)
+    if buffer:
+        yield bytes(buffer)
