@@ -31,6 +31,17 @@ FIELDS = ("requests", "errors", "prompt", "cached", "reported_prompt", "cacheabl
           "own_prompt", "own_cached", "saved_offload", "saved_compress", "breaks", "offloads", "compactions")
 
 
+SESSIONS_PREFIX = "sessions:"  # counters sessions:{tenant}:{session} = requests: the session index
+
+
+def session_key(tenant: str, session: str) -> str:
+    return f"t:{tenant}:session:{session}"
+
+
+def timeline_key(tenant: str, session: str) -> str:
+    return f"t:{tenant}:s:{session}:timeline"
+
+
 def stats_prefix(tenant: str) -> str:
     return f"stats:{tenant}:"
 
@@ -152,16 +163,17 @@ class Accountant:
         hour = int(e["ts"] // HOUR)
         group = f"{stats_prefix(ctx.tenant)}{ctx.route.name}|{ctx.model or ''}"
         amounts = {f"{group}|{bucket}|{k}": v for bucket in ("all", f"h{hour}") for k, v in values.items() if v}
+        amounts[f"{SESSIONS_PREFIX}{ctx.tenant}:{ctx.session}"] = 1
         try:
             await self.store.put_json(f"{base}:trace", trace.to_json(), ttl=RETENTION)
             await self.store.incr_many(amounts)
-            await self.store.append_log(f"{base}:timeline", orjson.dumps(e), max_len=TIMELINE_MAX, ttl=RETENTION)
-            summary = await self.store.get_json(f"t:{ctx.tenant}:session:{ctx.session}") or {
+            await self.store.append_log(timeline_key(ctx.tenant, ctx.session), orjson.dumps(e), max_len=TIMELINE_MAX, ttl=RETENTION)
+            summary = await self.store.get_json(session_key(ctx.tenant, ctx.session)) or {
                 "session": ctx.session, "first": e["ts"], "requests": 0, "prompt": 0, "cached": 0, "breaks": 0}
             summary.update(last=e["ts"], route=ctx.route.name, model=ctx.model, requests=summary["requests"] + 1,
                            prompt=summary["prompt"] + (e["prompt"] or 0), cached=summary["cached"] + (e["cached"] or 0),
                            breaks=summary["breaks"] + int(bool(e["break"])), last_break=e["break"] or summary.get("last_break"))
-            await self.store.put_json(f"t:{ctx.tenant}:session:{ctx.session}", summary, ttl=RETENTION)
+            await self.store.put_json(session_key(ctx.tenant, ctx.session), summary, ttl=RETENTION)
         except StoreError as err:
             event("accounting not stored: store unavailable", request_id=ctx.request_id, error=str(err))
 

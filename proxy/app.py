@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.chat import chat_completions
 from proxy.config import Settings, load_settings
-from proxy.ctx_api import get_blob
+from proxy import ctx_api
 from proxy.encodings import SHIPPED_ENCODINGS, ensure_encodings, get_encoding
 from proxy.errors import NotFound, ProxyError, error_body
 from proxy.logs import log
@@ -53,7 +53,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.add_api_route("/healthz", healthz, methods=["GET"])
     app.add_api_route("/readyz", readyz, methods=["GET"])
-    app.add_api_route("/ctx/v1/blobs/{handle}", get_blob, methods=["GET"])
+    app.add_api_route("/metrics", ctx_api.metrics, methods=["GET"])
+    app.add_api_route("/ctx/ui", ctx_api.dashboard, methods=["GET"])
+    app.add_api_route("/ctx/v1/stats", ctx_api.get_stats, methods=["GET"])
+    app.add_api_route("/ctx/v1/sessions", ctx_api.list_sessions, methods=["GET"])
+    app.add_api_route("/ctx/v1/sessions/{session}", ctx_api.get_session, methods=["GET"])
+    app.add_api_route("/ctx/v1/blobs/{handle}", ctx_api.get_blob, methods=["GET"])
     for prefix in ("", "/r/{route}"):
         app.add_api_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
         app.add_api_route(prefix + "/v1/{path:path}", passthrough, methods=ALL_METHODS)

@@ -45,7 +45,7 @@ def _serve(settings: Settings) -> None:
         raise SystemExit(f"ctxproxy: {e}") from None
     uvicorn.run(create_app(settings), host=settings.server.host, port=settings.server.port,
                 loop="uvloop", http="httptools", access_log=False, log_config=None,
-                timeout_graceful_shutdown=30)
+                timeout_graceful_shutdown=30, server_header=False, date_header=False)
 
 
 def _check(settings: Settings) -> None:

@@ -1,18 +1,32 @@
-"""/ctx/v1/*: the proxy's own endpoints for people and client-side tools.
+"""/ctx/v1/* and /metrics: what the proxy did, for people, dashboards and scrapers.
 
-Scoped by the caller's API key: a tenant reads only what its own key stored.
+Scoped (proxy/admin.py): the admin token sees every tenant, a client's API key
+only its own.
 """
 
 from __future__ import annotations
 
-from starlette.requests import Request
-from starlette.responses import Response
+from pathlib import Path
 
+import orjson
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+
+from proxy.accounting import SESSIONS_PREFIX, session_key, timeline_key
+from proxy.admin import scope_of
 from proxy.archive import Archive
 from proxy.errors import NotFound, StoreUnavailable, Unauthorized
 from proxy.routing import api_key_of, tenant_id
 from proxy.state import state_of
+from proxy.stats import stats
 from proxy.store import StoreError
+
+RECENT_SESSIONS = 50
+_DASHBOARD = Path(__file__).with_name("dashboard.html")
+
+
+def _json(obj: object) -> Response:
+    return Response(orjson.dumps(obj), media_type="application/json")
 
 
 async def get_blob(request: Request) -> Response:
@@ -29,3 +43,55 @@ async def get_blob(request: Request) -> Response:
     if text is None:
         raise NotFound(f"no stored content with handle {handle!r} for this API key", code="handle_not_found")
     return Response(text, media_type="text/plain; charset=utf-8")
+
+
+async def get_stats(request: Request) -> Response:
+    scope = scope_of(request)
+    try:
+        return _json(await stats(state_of(request).store, scope.tenant))
+    except StoreError:
+        raise StoreUnavailable("the proxy's store is unreachable; figures are unavailable") from None
+
+
+async def _sessions(request: Request) -> list[tuple[str, str]]:
+    """(tenant, session) pairs the caller may see."""
+    scope = scope_of(request)
+    prefix = SESSIONS_PREFIX + (f"{scope.tenant}:" if scope.tenant else "")
+    keys = await state_of(request).store.counters(prefix)
+    return [tuple(k[len(SESSIONS_PREFIX):].split(":", 1)) for k in keys]  # type: ignore[misc]
+
+
+async def list_sessions(request: Request) -> Response:
+    try:
+        pairs = await _sessions(request)
+        store = state_of(request).store
+        raws = await store.get_many([session_key(t, s) for t, s in pairs])
+    except StoreError:
+        raise StoreUnavailable("the proxy's store is unreachable") from None
+    rows = [orjson.loads(r) for r in raws if r]
+    rows.sort(key=lambda r: r.get("last", 0), reverse=True)
+    return _json({"sessions": rows[:RECENT_SESSIONS]})
+
+
+async def get_session(request: Request) -> Response:
+    wanted = request.path_params["session"]
+    try:
+        match = [(t, s) for t, s in await _sessions(request) if s == wanted]
+        if not match:
+            raise NotFound(f"no session {wanted!r} visible to this key", code="session_not_found")
+        tenant = match[0][0]
+        store = state_of(request).store
+        summary = await store.get_json(session_key(tenant, wanted))
+        timeline = [orjson.loads(x) for x in await store.read_log(timeline_key(tenant, wanted))]
+    except StoreError:
+        raise StoreUnavailable("the proxy's store is unreachable") from None
+    return _json({"session": wanted, "summary": summary, "requests": timeline})
+
+
+async def metrics(request: Request) -> Response:
+    return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def dashboard(request: Request) -> Response:
+    """One self-contained page (no build step, no external assets) over the JSON endpoints."""
+    return HTMLResponse(_DASHBOARD.read_text(encoding="utf-8"))

@@ -13,12 +13,12 @@ from proxy.app import create_app
 from proxy.config import Settings, build_settings
 
 
-def make_settings(upstream_url: str, store: str, **raw: Any) -> Settings:
-    """Settings from a config mapping, with no CTXPROXY_* environment leaking in."""
+def make_settings(upstream_url: str, store: str, env: dict[str, str] | None = None, **raw: Any) -> Settings:
+    """Settings from a config mapping and only the environment given (none of the process's)."""
     cfg: dict[str, Any] = {"upstream": {"base_url": upstream_url}, "store": store}
     for k, v in raw.items():
         cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
-    return build_settings(cfg, env={})
+    return build_settings(cfg, env=env or {})
 
 
 class ProxyServer:
@@ -41,7 +41,8 @@ class ProxyServer:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, loop="asyncio", http="httptools", log_config=None,
-                                access_log=False, timeout_graceful_shutdown=2)
+                                access_log=False, timeout_graceful_shutdown=2,
+                                server_header=False, date_header=False)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
         self._thread.start()
