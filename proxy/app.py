@@ -21,6 +21,7 @@ from proxy.passthrough import passthrough
 from proxy.responses import JSON, error_response
 from proxy.state import ProxyState, state_of
 from proxy.store import open_store
+from proxy.store.guarded import GuardedStore
 from proxy.upstream import Upstream
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -35,7 +36,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ensure_encodings()
         for name in SHIPPED_ENCODINGS:
             get_encoding(name)  # load now, not in the first request (~200 ms)
-        store = open_store(settings.store)
+        store = GuardedStore(open_store(settings.store))
         upstream = Upstream()
         app.state.proxy = ProxyState.create(settings, upstream, store)
         # Start-up objects (tokenizers, modules) never die: keep them out of the

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.archive import Archive
+from proxy.store import StoreError
 
 TOOL_NAME = "context_read"
 _ALTERNATE_NAMES = ("ctxproxy_context_read", "ctxproxy_read_stored")
@@ -65,7 +66,10 @@ async def answer(archive: Archive, arguments: str, max_chars: int) -> str:
     if not isinstance(args, dict) or not isinstance(args.get("handle"), str):
         return "error: arguments must be a JSON object with a string 'handle'"
     handle = args["handle"].strip()
-    text = await archive.get_text(handle)
+    try:
+        text = await archive.get_text(handle)
+    except StoreError:
+        return "error: the proxy's store is unavailable right now; try again later"
     if text is None:
         return f"error: no stored content with handle {handle!r} (handles are only readable with the API key that stored them)"
     lines = text.splitlines()
