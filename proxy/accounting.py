@@ -66,7 +66,8 @@ class Accountant:
 
     def trace(self, conv: Conversation, ctx: RequestContext) -> Trace:
         model = conv.body.get("model")
-        sent = conv.messages
+        unmarked = conv.notes.get("unmarked", {})  # cache markers are not content
+        sent = [unmarked.get(i, m) for i, m in enumerate(conv.messages)]
         tools = conv.body.get("tools") or []
         digests = [conv.digest(m) for m in sent]
         compaction = max((e.detail.get("version", 0) for e in conv.events if e.kind == "compaction"), default=0)

@@ -1,10 +1,12 @@
-"""`ctxproxy serve | check`: one-line errors on the terminal, never a traceback."""
+"""`ctxproxy serve | check | stats`: one-line errors on the terminal, never a traceback."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
+from typing import Any
 
 from proxy.config import Settings, load_settings
 from proxy.errors import ConfigError
@@ -19,6 +21,15 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", help="path to config.yaml (default: $CTXPROXY_CONFIG, else built-in defaults)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1, or $CTXPROXY_HOST)")
     serve.add_argument("--port", type=int, help="listen port (default 8080, or $CTXPROXY_PORT)")
+    st = sub.add_parser("stats", help="print a running proxy's cache and token figures",
+                        description="Fetch /ctx/v1/stats and /ctx/v1/sessions from a running proxy and print them.")
+    st.add_argument("--url", default=DEFAULT_URL, help=f"the proxy's address (default {DEFAULT_URL})")
+    st.add_argument("--token", help="admin token (default: $CTXPROXY_ADMIN_TOKEN): every tenant's figures")
+    st.add_argument("--api-key", help="a client's API key instead: only that tenant's figures")
+    st.add_argument("--window", choices=WINDOWS, default="last_day", help="totals and rows over (default last_day)")
+    st.add_argument("--session", help="print this session's timeline, request by request")
+    st.add_argument("--json", action="store_true",
+                    help="print the proxy's JSON as it is (/ctx/v1/stats, or the session with --session)")
     return p
 
 
@@ -56,8 +67,176 @@ def _check(settings: Settings) -> None:
         print(f"route {r.name}: model {glob} -> {r.upstream.base_url} ({key})")
 
 
+# --------------------------------------------------------------------------- stats
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+WINDOWS = ("last_hour", "last_day", "all")
+_WINDOW_NAMES = {"last_hour": "last hour", "last_day": "last day", "all": "all time"}
+_RECENT_SESSIONS = 20
+
+
+class _Failure(Exception):
+    """One line for stderr, exit code 1."""
+
+
+def _num(n: Any, digits: int = 0) -> str:
+    return "-" if n is None else f"{n:,.{digits}f}"
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _table(headers: list[str], rows: list[list[str]], align: str) -> list[str]:
+    """Columns padded to their widest cell; `align` has an l or r per column."""
+    widths = [max(len(c) for c in col) for col in zip(headers, *rows)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, align)).rstrip()
+    return [line(headers)] + [line(r) for r in rows]
+
+
+def _fetch(client: Any, url: str, path: str, authed: bool) -> Any:
+    import httpx
+
+    try:
+        r = client.get(url + path)
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
+        raise _Failure(f"invalid --url {url!r}: {e}") from None
+    except httpx.HTTPError as e:
+        raise _Failure(f"cannot reach the proxy at {url}: {e or type(e).__name__}") from None
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    message = body.get("error", {}).get("message") if isinstance(body, dict) and isinstance(body.get("error"), dict) else None
+    if r.status_code == 401:
+        raise _Failure("the proxy wants the admin token: pass --token or set CTXPROXY_ADMIN_TOKEN"
+                       + (" (the one given was refused)" if authed else ""))
+    if r.status_code >= 400:
+        raise _Failure(f"the proxy at {url} answered {r.status_code}: {message or r.text[:200].strip() or r.reason_phrase}")
+    if body is None:
+        raise _Failure(f"{url}{path} did not answer with JSON: is it a ctxproxy?")
+    return body
+
+
+def _stats_lines(url: str, window: str, stats: dict[str, Any], sessions: list[dict[str, Any]]) -> list[str]:
+    t = stats["totals"][window]
+    scope = "all tenants" if stats.get("scope") == "all" else "this API key's tenant"
+    out = [f"ctxproxy at {url}: {scope}, {_WINDOW_NAMES[window]}, at {_clock(stats['generated_at'])}", ""]
+    hit = _pct(t["hit_rate"]) if t["hit_rate"] is not None else "- (the provider did not report cached tokens)"
+    totals = [
+        ("requests", f"{_num(t['requests'])} (errors {_num(t['errors'])})"),
+        ("prompt tokens", _num(t["prompt"])),
+        ("cached tokens", _num(t["cached"])),
+        ("hit rate", hit),
+        ("cacheable tokens", _num(t["cacheable"])),
+        ("cache efficiency", _pct(t["efficiency"])),
+        ("completion tokens", _num(t["completion"])),
+        ("tokens saved", f"{_num(t['saved_tokens'])} (offload {_num(t['saved_offload'])}, "
+                         f"compression {_num(t['saved_compress'])})"),
+        ("effective cost", f"{_num(t['effective_cost'], 1)} token units"),
+        ("cache breaks", _num(t["breaks"])),
+        ("offloads", _num(t["offloads"])),
+        ("compactions", _num(t["compactions"])),
+        ("own calls", f"{_num(t['own_calls'])} (prompt {_num(t['own_prompt'])}, cached {_num(t['own_cached'])})"),
+    ]
+    out += ["totals"] + [f"  {k + ':':<19}{v}" for k, v in totals] + [""]
+    rows = [[g["route"], g["model"] or "-", _num(w["requests"]), _num(w["prompt"]), _num(w["cached"]),
+             _pct(w["hit_rate"]), _pct(w["efficiency"]), _num(w["saved_tokens"]), _num(w["breaks"])]
+            for g in stats["groups"] for w in [g[window]] if w["requests"]]
+    out.append(f"by route and model ({_WINDOW_NAMES[window]})")
+    if rows:
+        out += ["  " + x for x in _table(["ROUTE", "MODEL", "REQUESTS", "PROMPT", "CACHED", "HIT RATE", "EFFICIENCY",
+                                          "SAVED", "BREAKS"], rows, "llrrrrrrr")]
+    else:
+        out.append("  no requests")
+    out.append("")
+    out.append("recent sessions")
+    if sessions:
+        rows = [[s["session"], s.get("model") or "-", _num(s["requests"]), _num(s["prompt"]), _num(s["cached"]),
+                 _num(s["breaks"]), _clock(s["last"]), s.get("last_break") or "-"] for s in sessions[:_RECENT_SESSIONS]]
+        out += ["  " + x for x in _table(["SESSION", "MODEL", "REQUESTS", "PROMPT", "CACHED", "BREAKS", "LAST SEEN",
+                                          "LAST BREAK"], rows, "llrrrrll")]
+        if len(sessions) > _RECENT_SESSIONS:
+            out.append(f"  ... and {len(sessions) - _RECENT_SESSIONS} more")
+    else:
+        out.append("  none yet")
+    return out
+
+
+def _session_lines(data: dict[str, Any]) -> list[str]:
+    s = data.get("summary") or {}
+    out = [f"session {data['session']}: route {s.get('route', '-')}, model {s.get('model') or '-'}, "
+           f"{_num(s.get('requests'))} requests, prompt {_num(s.get('prompt'))}, cached {_num(s.get('cached'))}, "
+           f"breaks {_num(s.get('breaks'))}", ""]
+    rows = []
+    for i, r in enumerate(data.get("requests") or [], 1):
+        status = str(r.get("status")) + (" stream" if r.get("stream") else "") + (" degraded" if r.get("degraded") else "")
+        offl = f"{r['offloaded']} (-{_num(r.get('saved_offload'))})" if r.get("offloaded") else "-"
+        comp = f"{r['compacted']} (-{_num(r.get('saved_compress'))})" if r.get("compacted") else "-"
+        cause = r.get("break") or (f"error: {r['error']}" if r.get("error") else "-")
+        rows.append([str(i), _clock(r["ts"]), status, _num(r.get("prompt")), _num(r.get("cached")),
+                     _num(r.get("cacheable")), offl, comp, _num(r.get("overhead_ms"), 1), cause])
+    if not rows:
+        return out + ["no requests recorded"]
+    return out + _table(["#", "TIME", "STATUS", "PROMPT", "CACHED", "CACHEABLE", "OFFLOADED", "COMPACTED",
+                         "OVERHEAD MS", "BREAK"], rows, "rllrrrrlrl")
+
+
+def _stats(args: argparse.Namespace) -> None:
+    import httpx
+
+    url = args.url.rstrip("/")
+    token = args.token or os.environ.get("CTXPROXY_ADMIN_TOKEN") or None
+    headers = {"accept": "application/json"}
+    if token:
+        headers["x-ctx-admin-token"] = token
+    if args.api_key:
+        headers["authorization"] = f"Bearer {args.api_key}"
+    authed = bool(token or args.api_key)
+    with httpx.Client(headers=headers, timeout=10, follow_redirects=False) as client:
+        if args.session:
+            from urllib.parse import quote
+
+            data = _fetch(client, url, "/ctx/v1/sessions/" + quote(args.session, safe=""), authed)
+            text = _session_lines(data) if not args.json else None
+        else:
+            stats = _fetch(client, url, "/ctx/v1/stats", authed)
+            if args.json:
+                data, text = stats, None
+            else:
+                sessions = _fetch(client, url, "/ctx/v1/sessions", authed).get("sessions") or []
+                text = _stats_lines(url, args.window, stats, sessions)
+    if text is None:
+        import json
+
+        print(json.dumps(data, indent=2))
+    else:
+        print("\n".join(text))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "stats":
+        try:
+            _stats(args)
+        except _Failure as e:
+            print(f"ctxproxy: {e}", file=sys.stderr)
+            raise SystemExit(1) from None
+        except (KeyError, TypeError, AttributeError, IndexError) as e:
+            print(f"ctxproxy: unexpected answer from the proxy at {args.url} ({type(e).__name__}: {e})", file=sys.stderr)
+            raise SystemExit(1) from None
+        except KeyboardInterrupt:
+            raise SystemExit(130) from None
+        except BrokenPipeError:  # `ctxproxy stats | head`: the reader left, nothing to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(1) from None
+        return
     try:
         settings = _settings(args)
     except ConfigError as e:

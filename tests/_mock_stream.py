@@ -279,6 +279,8 @@ def _content_text(content: Any) -> str:
     if isinstance(content, list):
         out = []
         for part in content:
+            if isinstance(part, dict) and part.get("type") == "prompt_cache_breakpoint":
+                continue  # a cache marker, not content
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 out.append(part["text"])
             elif isinstance(part, dict) and part.get("type") == "image_url":
@@ -389,3 +391,26 @@ class PrefixCache:
             child.last_used = now
             node = child
         return matched
+
+
+def _marked(obj: Any) -> bool:
+    if isinstance(obj, dict):
+        if "cache_control" in obj or obj.get("type") == "prompt_cache_breakpoint":
+            return True
+        content = obj.get("content")
+        return isinstance(content, list) and any(_marked(p) for p in content)
+    return False
+
+
+def breakpoint_chunks(body: dict[str, Any]) -> list[int]:
+    """Indexes (into prompt_chunks) of the tool list or messages that carry a cache marker."""
+    out, i = [], 0
+    if body.get("tools"):
+        if any(_marked(t) for t in body["tools"]):
+            out.append(0)
+        i = 1
+    for m in body.get("messages") or []:
+        if _marked(m):
+            out.append(i)
+        i += 1
+    return out

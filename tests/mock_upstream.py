@@ -14,6 +14,8 @@ exact SSE framing of chat and Responses streams. Everything else is minimal.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
+import zlib
 import collections
 import hashlib
 import json
@@ -139,6 +141,10 @@ class MockUpstream:
             self.report_cached = True
             self.cache_ttl: float | None = None
             self.delay = 0.0
+            self.shards = 1  # cache machines; >1 makes prompt_cache_key matter
+            self.breakpoint_models: list[str] = []  # model globs that cache only at marked breakpoints
+            self._routed = 0
+            self._written: dict[tuple[str, str], set[int]] = {}
             self.chunk_delay = 0.0
             self.clock: Callable[[], float] = time.monotonic
             self._seq = 0
@@ -221,6 +227,19 @@ class MockUpstream:
     def _json(status: int, obj: Any, headers: dict[str, str] | None = None) -> Response:
         return Response(ms.dumps(obj), status, headers, media_type="application/json")
 
+    def _at_breakpoints(self, scope: tuple[str, str], chunks: list, marks: list[int], common: int) -> int:
+        """Anthropic-style caching: prefixes are written only at marked breakpoints, and a request reads
+        the longest earlier-written prefix that ends at or before its own last breakpoint."""
+        written = self._written.setdefault(scope, set())
+        h, pos, ends = 0, 0, []
+        for c in chunks:
+            h, pos = hash((h, c)), pos + len(c)
+            ends.append((h, pos))
+        last = max(marks, default=-1)
+        hit = max((p for j, (hj, p) in enumerate(ends) if j <= last and hj in written and p <= common), default=0)
+        written.update(ends[j][0] for j in marks)
+        return hit
+
     def _next_id(self) -> int:
         with self._lock:
             self._seq += 1
@@ -280,10 +299,17 @@ class MockUpstream:
                        f"messages.")
             return self._json(400, ms.error_body(msg, param="messages",
                                                  code="context_length_exceeded"))
-        scope = (rec.headers.get("authorization", ""), model)
+        key = body.get("prompt_cache_key")
         with self._lock:
-            cached = billable_cached(
-                self.cache.match_and_store(scope, chunks, self.clock(), self.cache_ttl))
+            self._routed += 1
+            # Several cache machines: a request lands on the one its prompt_cache_key picks,
+            # or, without a key, wherever the load balancer sends it (round robin here).
+            shard = zlib.crc32(str(key).encode()) % self.shards if key else self._routed % self.shards
+            scope = (rec.headers.get("authorization", ""), f"{model}#{shard}")
+            common = self.cache.match_and_store(scope, chunks, self.clock(), self.cache_ttl)
+            if any(fnmatch.fnmatchcase(model, g) for g in self.breakpoint_models):
+                common = self._at_breakpoints(scope, chunks, ms.breakpoint_chunks(body), common)
+            cached = billable_cached(common)
         reply = self._next_reply(body)
         completion = len(tokens(reply.text or "")) + sum(
             len(tokens(c.name + c.arguments)) for c in reply.tool_calls)

@@ -28,15 +28,17 @@ class Transform(Protocol):
 
 
 def _transforms() -> list[type[Transform]]:
+    from proxy.pipeline.cache_hints import CacheHints
     from proxy.pipeline.compress import Compress
     from proxy.pipeline.offload import Offload
     from proxy.pipeline.read_tool import ReadToolTransform
     from proxy.pipeline.status import StatusBar, StatusHistory
 
-    return [StatusHistory, Offload, Compress, ReadToolTransform, StatusBar]
+    return [StatusHistory, Offload, Compress, ReadToolTransform, StatusBar, CacheHints]
 
 
-# Ordered: earlier statuses back in place → offload → compress → read tool → the new status, last.
+# Ordered: earlier statuses back in place → offload → compress → read tool → the new status, last
+# → cache hints (marking where the stable prefix ends).
 TRANSFORMS: list[type[Transform]] = _transforms()
 
 SECTION_MODELS: dict[str, type[BaseModel]] = {t.name: t.Settings for t in TRANSFORMS}

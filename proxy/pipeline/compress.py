@@ -83,6 +83,7 @@ class Compress:
             view = await self._compact_locked(conv, ctx, log, raw, digests, counts, view, fixed)
         if view.kept:
             conv.set_messages(repair_pairing(view.messages))
+            conv.notes["compaction_kept"] = view.kept
             conv.events.append(Event("compaction", {"version": view.version}))
         return conv
 

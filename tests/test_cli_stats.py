@@ -1,0 +1,164 @@
+"""`ctxproxy stats`: a running proxy's figures as a plain text table, run as users run it (a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy_server import ProxyServer, make_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("bash", "edit")]
+
+
+def conversation(turns: int) -> list[dict]:
+    msgs = [{"role": "system", "content": "You are a coding agent. " + "Be careful. " * 300},
+            {"role": "user", "content": "Fix the failing test in tests/test_core.py"}]
+    for i in range(turns):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type": "function",
+                     "function": {"name": "bash", "arguments": json.dumps({"cmd": f"sed -n {i},+40p core.py"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"line {i}: value = {i * 7}\n" * 60})
+    return msgs
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "CTXPROXY_ADMIN_TOKEN"}
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "stats", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**base, **(env or {})}, stdin=subprocess.DEVNULL)
+
+
+def post(p: ProxyServer, msgs: list[dict], key: str, session: str | None = None, model: str = "gpt-4o") -> None:
+    headers = {"authorization": f"Bearer {key}", **({"x-session-id": session} if session else {})}
+    r = httpx.post(p.url + "/v1/chat/completions", headers=headers, timeout=30,
+                   json={"model": model, "messages": msgs, "tools": TOOLS})
+    assert r.status_code == 200, r.text
+
+
+def settled(p: ProxyServer, requests: int, headers: dict[str, str]) -> dict:
+    deadline = time.monotonic() + 10
+    while True:
+        s = httpx.get(p.url + "/ctx/v1/stats", headers=headers).json()
+        if s["totals"]["all"]["requests"] >= requests or time.monotonic() > deadline:
+            return s
+        time.sleep(0.05)
+
+
+def n(x: float, digits: int = 0) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+def total(out: str, name: str) -> str:
+    m = re.search(rf"^  {re.escape(name)}:\s+(.*)$", out, re.M)
+    assert m, f"no {name!r} line in:\n{out}"
+    return m.group(1)
+
+
+def rows(out: str, heading: str) -> list[list[str]]:
+    """The rows of the table under `heading` (cells split on two or more spaces), header first."""
+    block = out.split(heading, 1)[1].split("\n\n", 1)[0]
+    return [re.split(r"\s{2,}", line.strip()) for line in block.strip("\n").splitlines()[1:]]
+
+
+@pytest.fixture
+def proxy(upstream, tmp_path):
+    cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db", env={"CTXPROXY_ADMIN_TOKEN": "s3cret"},
+                        defaults={"status_bar": {"enabled": False}})
+    with ProxyServer(cfg) as p:
+        yield p
+
+
+def test_stats_prints_the_figures_the_proxy_serves(proxy, upstream):
+    session = f"cli-{uuid.uuid4().hex[:8]}"
+    msgs = conversation(8)
+    post(proxy, msgs, "sk-a", session)
+    post(proxy, msgs, "sk-a", session)
+    post(proxy, [{**msgs[0], "content": msgs[0]["content"] + " NEW RULE."}] + msgs[1:], "sk-a", session)
+    post(proxy, conversation(2), "sk-b", model="gpt-4o-mini")
+    stats = settled(proxy, 4, {"x-ctx-admin-token": "s3cret"})
+
+    r = cli("--url", proxy.url + "/", env={"CTXPROXY_ADMIN_TOKEN": "s3cret"})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    out = r.stdout
+    t = stats["totals"]["last_day"]
+    assert "all tenants, last day" in out.splitlines()[0]
+    assert total(out, "requests") == f"{n(t['requests'])} (errors 0)" == "4 (errors 0)"
+    assert total(out, "prompt tokens") == n(t["prompt"])
+    assert total(out, "cached tokens") == n(t["cached"])
+    assert total(out, "hit rate") == pct(t["hit_rate"])
+    assert total(out, "cache efficiency") == pct(t["efficiency"])
+    assert total(out, "effective cost") == f"{n(t['effective_cost'], 1)} token units"
+    assert total(out, "cache breaks") == "1"
+
+    groups = rows(out, "by route and model (last day)")
+    assert len(groups) == len(stats["groups"]) == 2
+    for row, g in zip(groups, stats["groups"]):
+        w = g["last_day"]
+        assert row == [g["route"], g["model"], n(w["requests"]), n(w["prompt"]), n(w["cached"]), pct(w["hit_rate"]),
+                       pct(w["efficiency"]), n(w["saved_tokens"]), n(w["breaks"])]
+
+    listed = httpx.get(proxy.url + "/ctx/v1/sessions", headers={"x-ctx-admin-token": "s3cret"}).json()["sessions"]
+    sessions = rows(out, "recent sessions")
+    assert [s[0] for s in sessions] == [s["session"] for s in listed]
+    mine = next(s for s in sessions if s[0] == session)
+    assert mine[2:6] == ["3", n(listed[[x["session"] for x in listed].index(session)]["prompt"]),
+                         mine[4], "1"] and mine[-1] == "system prompt changed"
+
+    # --window, --token, --json
+    r = cli("--url", proxy.url, "--token", "s3cret", "--window", "all", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["totals"]["all"]["requests"] == 4
+
+    # a client's key: its own tenant only
+    r = cli("--url", proxy.url, "--api-key", "sk-b", "--window", "all")
+    assert r.returncode == 0, r.stderr
+    assert "this API key's tenant, all time" in r.stdout and total(r.stdout, "requests") == "1 (errors 0)"
+    assert session not in r.stdout
+
+    # one session's timeline, request by request, the break on the third
+    r = cli("--url", proxy.url, "--session", session, env={"CTXPROXY_ADMIN_TOKEN": "s3cret"})
+    assert r.returncode == 0, r.stderr
+    timeline = httpx.get(f"{proxy.url}/ctx/v1/sessions/{session}", headers={"x-ctx-admin-token": "s3cret"}).json()
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"session {session}: route default, model gpt-4o, 3 requests")
+    table = [re.split(r"\s{2,}", x.strip()) for x in lines[3:]]
+    assert len(table) == 3
+    for cells, req in zip(table, timeline["requests"]):
+        assert cells[2:6] == ["200", n(req["prompt"]), n(req["cached"]), n(req["cacheable"])]
+    assert [c[-1] for c in table] == ["-", "-", "system prompt changed"]
+
+    r = cli("--url", proxy.url, "--session", "no-such-session", "--token", "s3cret")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("ctxproxy: the proxy at") and "no session 'no-such-session'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_stats_wants_the_admin_token(proxy):
+    for args in ((), ("--token", "wrong")):
+        r = cli("--url", proxy.url, *args)
+        assert r.returncode == 1 and r.stdout == ""
+        assert r.stderr.startswith("ctxproxy: the proxy wants the admin token: pass --token or set "
+                                   "CTXPROXY_ADMIN_TOKEN"), r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_stats_on_an_unreachable_proxy_is_one_line():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    r = cli("--url", url)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith(f"ctxproxy: cannot reach the proxy at {url}: "), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

@@ -1,0 +1,267 @@
+"""/ctx/ui in a real headless browser: Debian's chromium loads the page from a running proxy.
+
+The page must show the figures /ctx/v1/stats serves, formatted as it formats
+them, a session's timeline with its cache-break cause, and a screenshot that is
+the right size and not blank. On a machine without chromium the tests skip
+(install: apt-get update && apt-get install -y chromium); under CI=true they fail.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import time
+import uuid
+import zlib
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy_server import ProxyServer, make_settings
+
+CHROMIUM = "/usr/bin/chromium"
+INSTALL = "apt-get update && apt-get install -y chromium"
+WIDTH, HEIGHT = 1280, 800
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("bash", "edit")]
+
+
+# --------------------------------------------------------------------------- the browser
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    path = CHROMIUM if os.access(CHROMIUM, os.X_OK) else shutil.which("chromium")
+    if not path:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"chromium is not installed at {CHROMIUM}; the dashboard test needs it: {INSTALL} "
+                        "(.ci/run installs it before the tests)", pytrace=False)
+        pytest.skip(f"chromium is not installed; to run the dashboard test: {INSTALL}")
+    return path
+
+
+def browse(chromium: str, url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """One headless run: virtual time lets the page's fetches and rendering finish before the dump."""
+    profile = tmp_path / f"profile-{uuid.uuid4().hex[:8]}"
+    cmd = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+           "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--hide-scrollbars",
+           f"--user-data-dir={profile}", "--virtual-time-budget=5000", *args, url]
+    env = {**os.environ, "HOME": str(tmp_path)}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, f"chromium exited {r.returncode}: {r.stderr[-2000:]}"
+    return r
+
+
+def dump_dom(chromium: str, url: str, tmp_path: Path) -> str:
+    dom = browse(chromium, url, tmp_path, "--dump-dom").stdout
+    assert "<html" in dom, dom[:500]
+    return dom
+
+
+def text_of(dom: str, element_id: str) -> str:
+    """The text of the element with that id (no nested markup in the elements looked up this way)."""
+    m = re.search(rf'id="{re.escape(element_id)}"[^>]*>([^<]*)<', dom)
+    assert m, f"no #{element_id} in the page"
+    return html.unescape(m.group(1))
+
+
+def section(dom: str, element_id: str, end: str = "</table>") -> str:
+    start = dom.index(f'id="{element_id}"')
+    return html.unescape(dom[start:dom.index(end, start)])
+
+
+# --------------------------------------------------------------------------- the page's number formats
+
+def pct(x: float | None) -> str:
+    """JavaScript's (x * 100).toFixed(1) + "%": the exact double, halves rounded up."""
+    if x is None:
+        return "—"
+    return f"{Decimal(x * 100).quantize(Decimal('0.1'), rounding=ROUND_HALF_UP)}%"
+
+
+def num(n: float, digits: int = 0) -> str:
+    q = Decimal(n).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
+    return f"{q:,}"
+
+
+# --------------------------------------------------------------------------- PNG, decoded with the stdlib
+
+def png_pixels(data: bytes) -> tuple[int, int, set[bytes]]:
+    """(width, height, distinct colours) of an 8-bit RGB or RGBA PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, ihdr = 8, bytearray(), None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            ihdr = struct.unpack(">IIBBBBB", chunk)
+        elif kind == b"IDAT":
+            idat += chunk
+        elif kind == b"IEND":
+            break
+        pos += 12 + length
+    assert ihdr, "PNG without IHDR"
+    width, height, depth, colour, _, _, interlace = ihdr
+    assert depth == 8 and colour in (2, 6) and interlace == 0, f"unexpected PNG format {ihdr}"
+    bpp = 3 if colour == 2 else 4
+    raw = zlib.decompress(bytes(idat))
+    stride = width * bpp
+    prev = bytearray(stride)
+    colours: set[bytes] = set()
+    for y in range(height):
+        start = y * (stride + 1)
+        ftype, line = raw[start], bytearray(raw[start + 1:start + 1 + stride])
+        if ftype == 1:
+            for i in range(bpp, stride):
+                line[i] = (line[i] + line[i - bpp]) & 0xFF
+        elif ftype == 2:
+            line = bytearray((a + b) & 0xFF for a, b in zip(line, prev))
+        elif ftype == 3:
+            for i in range(stride):
+                left = line[i - bpp] if i >= bpp else 0
+                line[i] = (line[i] + ((left + prev[i]) >> 1)) & 0xFF
+        elif ftype == 4:
+            for i in range(stride):
+                a = line[i - bpp] if i >= bpp else 0
+                b, c = prev[i], (prev[i - bpp] if i >= bpp else 0)
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
+        else:
+            assert ftype == 0, f"bad PNG filter {ftype}"
+        colours.update(bytes(line[i:i + 3]) for i in range(0, stride, bpp))
+        prev = line
+    return width, height, colours
+
+
+def rgb(hex_colour: str) -> bytes:
+    return bytes.fromhex(hex_colour.lstrip("#"))
+
+
+# --------------------------------------------------------------------------- traffic
+
+def conversation(turns: int) -> list[dict]:
+    msgs = [{"role": "system", "content": "You are a coding agent. " + "Be careful. " * 300},
+            {"role": "user", "content": "Fix the failing test in tests/test_core.py"}]
+    for i in range(turns):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type": "function",
+                     "function": {"name": "bash", "arguments": json.dumps({"cmd": f"sed -n {i},+40p core.py"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"line {i}: value = {i * 7}\n" * 60})
+    return msgs
+
+
+def big_tool_result() -> list[dict]:
+    log = "\n".join(f"2026-11-29T12:{i % 60:02d}:00 worker[{i}] processed item {i * 7919 % 100003} ok"
+                    for i in range(3000))
+    return [{"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "Find the failing item in the log."},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "cat app.log"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": log}]
+
+
+def post(p: ProxyServer, msgs: list[dict], session: str | None = None, model: str = "gpt-4o") -> httpx.Response:
+    headers = {"authorization": "Bearer sk-dashboard", **({"x-session-id": session} if session else {})}
+    r = httpx.post(p.url + "/v1/chat/completions", headers=headers, timeout=30,
+                   json={"model": model, "messages": msgs, "tools": TOOLS})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def settled_stats(p: ProxyServer, requests: int, headers: dict | None = None) -> dict:
+    """/ctx/v1/stats once the background accounting of `requests` requests has landed."""
+    deadline = time.monotonic() + 10
+    while True:
+        s = httpx.get(p.url + "/ctx/v1/stats", headers=headers or {}).json()
+        if s["totals"]["all"]["requests"] >= requests or time.monotonic() > deadline:
+            return s
+        time.sleep(0.05)
+
+
+def proxy_settings(upstream, tmp_path: Path, env: dict | None = None):
+    return make_settings(upstream.base_url, f"sqlite:///{tmp_path}/dash.db", env=env,
+                         defaults={"status_bar": {"enabled": False}, "offload": {"tool_result_tokens": 2000}})
+
+
+# --------------------------------------------------------------------------- tests
+
+def test_dashboard_shows_the_stats_and_a_session_timeline(chromium, upstream, tmp_path):
+    session = f"dash-{uuid.uuid4().hex[:8]}"
+    with ProxyServer(proxy_settings(upstream, tmp_path)) as p:
+        msgs = conversation(8)
+        post(p, msgs, session)
+        post(p, msgs, session)  # the same prefix again: cached
+        edited = [{**msgs[0], "content": msgs[0]["content"] + " NEW RULE."}] + msgs[1:]
+        broke = post(p, edited, session)
+        assert broke.headers["x-ctxproxy-cache-break"] == "system prompt changed"
+        post(p, big_tool_result())  # offloaded: tokens saved
+        post(p, conversation(2), model="gpt-4o-mini")  # a second route/model row
+        stats = settled_stats(p, 5)
+        totals = stats["totals"]["last_day"]
+        assert totals["requests"] == 5 and totals["breaks"] == 1 and totals["saved_offload"] > 0
+        assert totals["hit_rate"] is not None and 0 < totals["hit_rate"] < 1
+
+        url = f"{p.url}/ctx/ui#session={session}"
+        dom = dump_dom(chromium, url, tmp_path)
+        shot = tmp_path / "dashboard.png"
+        browse(chromium, url, tmp_path, f"--screenshot={shot}", f"--window-size={WIDTH},{HEIGHT}")
+
+    assert 'data-state="ready"' in dom
+    # headline tiles: the figures of the default window (last day), formatted as the page formats them
+    assert text_of(dom, "requests") == num(totals["requests"]) == "5"
+    assert text_of(dom, "hit-rate") == pct(totals["hit_rate"])
+    assert text_of(dom, "efficiency") == pct(totals["efficiency"])
+    assert text_of(dom, "saved-tokens") == num(totals["saved_tokens"])
+    assert text_of(dom, "saved-offload") == num(totals["saved_offload"])
+    assert text_of(dom, "effective-cost") == num(totals["effective_cost"], 1)
+    assert text_of(dom, "breaks") == "1"
+    # one row per route/model, with its figures
+    groups = section(dom, "groups", "</tbody>")
+    for g in stats["groups"]:
+        row = groups[groups.index(f'data-model="{g["model"]}"'):]
+        row = row[:row.index("</tr>")]
+        for figure in (num(g["last_day"]["requests"]), num(g["last_day"]["prompt"]), pct(g["last_day"]["hit_rate"])):
+            assert f">{figure}<" in row, (g["model"], figure, row)
+    # the sessions, the selected one highlighted with its last break
+    sessions = section(dom, "sessions", "</tbody>")
+    assert f'data-session="{session}" class="selected"' in sessions
+    assert "system prompt changed" in sessions
+    # its timeline, request by request, the break on the third
+    timeline = section(dom, "timeline")
+    rows = re.findall(r"<tr[^>]*data-request=.*?</tr>", timeline, re.S)
+    assert len(rows) == 3
+    assert 'class="break"' in rows[2] and "system prompt changed" in rows[2]
+    assert "system prompt changed" not in rows[0] + rows[1]
+
+    data = shot.read_bytes()
+    width, height, colours = png_pixels(data)
+    assert (width, height) == (WIDTH, HEIGHT)
+    assert len(colours) > 100, f"screenshot looks blank: {len(colours)} colours"
+    assert rgb("#fffaeb") in colours, "the break row of the timeline is not on screen"
+    assert rgb("#c9d5ea") in colours, "the chart's bars are not on screen"
+
+
+def test_dashboard_asks_for_the_admin_token_and_handles_no_data(chromium, upstream, tmp_path):
+    with ProxyServer(proxy_settings(upstream, tmp_path, env={"CTXPROXY_ADMIN_TOKEN": "s3cret"})) as p:
+        refused = dump_dom(chromium, f"{p.url}/ctx/ui", tmp_path)
+        wrong = dump_dom(chromium, f"{p.url}/ctx/ui#token=nope", tmp_path)
+        empty = dump_dom(chromium, f"{p.url}/ctx/ui#token=s3cret", tmp_path)
+
+    for dom in (refused, wrong):
+        assert 'data-state="unauthorized"' in dom
+        banner = section(dom, "auth-error", "</form>")
+        assert "hidden" not in banner[:banner.index(">")]
+        assert "The proxy wants the admin token" in banner and "CTXPROXY_ADMIN_TOKEN" in banner
+    assert "was refused" in section(wrong, "auth-error", "</form>")
+
+    assert 'data-state="ready"' in empty
+    banner = section(empty, "auth-error", "</form>")
+    assert "hidden" in banner[:banner.index(">")]
+    assert text_of(empty, "requests") == "0" and text_of(empty, "hit-rate") == "—"
+    assert "No sessions yet" in section(empty, "sessions", "</tbody>")
+    assert "No requests in the last" in empty  # the chart and the route table say so

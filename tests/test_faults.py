@@ -1,0 +1,535 @@
+"""What a client sees when something breaks: provider errors, dropped sockets, truncated bodies, a dead store, SIGTERM.
+
+Each test is one fault, named for what the user sees. Misbehaving providers that
+the mock cannot imitate (a socket closed mid-response, a short body) are a few
+lines of raw TCP on 127.0.0.1 (`RawUpstream`). Everything is bounded in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+import proxy.store.guarded as guarded
+from proxy.accounting import timeline_key
+from proxy.routing import tenant_id
+from proxy.store import open_store
+from proxy_server import ProxyServer, make_settings
+
+KEY = "sk-faults"
+AUTH = {"authorization": f"Bearer {KEY}"}
+HI = [{"role": "user", "content": "hi"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_openai_error(r: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json")
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "code"} and err["message"]
+    if code:
+        assert err["code"] == code, err
+    return err
+
+
+def chat(url: str, body: dict[str, Any], headers: dict[str, str] | None = None, timeout: float = 10) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", json=body, headers={**AUTH, **(headers or {})}, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- a provider that misbehaves on purpose
+
+def read_request(conn: socket.socket) -> bytes:
+    """One HTTP/1.1 request (headers + Content-Length body), bounded in size and by the socket timeout."""
+    data = b""
+    while b"\r\n\r\n" not in data and len(data) < 1 << 20:
+        got = conn.recv(65536)
+        if not got:
+            return data
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    want = int(m.group(1)) if m else 0
+    while len(body) < want and len(body) < 64 << 20:
+        got = conn.recv(65536)
+        if not got:
+            break
+        body += got
+    return head + b"\r\n\r\n" + body
+
+
+def reset(conn: socket.socket) -> None:
+    """Close with an RST instead of a FIN."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+
+
+class RawUpstream:
+    """Bare TCP on 127.0.0.1: every connection is handed to `behave(conn)`, then closed."""
+
+    def __init__(self, behave: Callable[[socket.socket], None]) -> None:
+        self.behave = behave
+        self.connections = 0
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(32)
+        self._sock.settimeout(0.05)
+        self.port = self._sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=f"raw-upstream-{self.port}", daemon=True)
+
+    def _serve(self) -> None:
+        deadline = time.monotonic() + 120  # never outlives a test run by much
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            try:
+                conn, _ = self._sock.accept()
+            except (socket.timeout, BlockingIOError):
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
+        try:
+            self.behave(conn)
+        except OSError:
+            pass
+        finally:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def __enter__(self) -> RawUpstream:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sock.close()
+
+
+def close_at_once(conn: socket.socket) -> None:
+    pass  # accept, then close without reading a byte
+
+
+def read_then_close(conn: socket.socket) -> None:
+    read_request(conn)
+
+
+def read_then_reset(conn: socket.socket) -> None:
+    read_request(conn)
+    reset(conn)
+
+
+SSE_CHUNK = (b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+             b'[{"index":0,"delta":{"content":"%s"},"finish_reason":null}]}\n\n')
+
+
+def _chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def sse_two_chunks_then_close(conn: socket.socket) -> None:
+    read_request(conn)
+    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    for word in (b"Hello", b" world"):
+        conn.sendall(_chunked(SSE_CHUNK % word))
+        time.sleep(0.05)
+    reset(conn)  # no terminating 0-chunk, no [DONE]
+
+
+def sse_two_chunks_then_eof(conn: socket.socket) -> None:
+    """Same, but the body is delimited by the connection close (no chunked framing): EOF looks "clean"."""
+    read_request(conn)
+    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
+    for word in (b"Hello", b" world"):
+        conn.sendall(SSE_CHUNK % word)
+        time.sleep(0.05)
+    conn.shutdown(socket.SHUT_WR)
+
+
+def truncated_json(conn: socket.socket) -> None:
+    read_request(conn)
+    part = b'{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assist'
+    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n" + part)
+    time.sleep(0.05)
+    conn.close()
+
+
+@pytest.fixture
+def faulty(upstream, tmp_path) -> Iterator[Callable[[Callable[[socket.socket], None]], ProxyServer]]:
+    """`faulty(behave)` → a proxy whose route `broken` goes to a RawUpstream; `default` goes to the mock."""
+    stack: list[Any] = []
+
+    def make(behave: Callable[[socket.socket], None], **raw: Any) -> ProxyServer:
+        raw_up = RawUpstream(behave).__enter__()
+        stack.append(raw_up)
+        settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
+                                 routes=[{"name": "broken", "upstream": {"base_url": raw_up.base_url,
+                                                                          "read_timeout": 5}}], **raw)
+        p = ProxyServer(settings)
+        p.start()
+        stack.append(p)
+        p.raw = raw_up  # type: ignore[attr-defined]
+        return p
+
+    yield make
+    for thing in reversed(stack):
+        thing.stop() if isinstance(thing, ProxyServer) else thing.__exit__()
+
+
+def keeps_serving(p: ProxyServer, upstream) -> None:
+    assert httpx.get(p.url + "/healthz", timeout=5).status_code == 200
+    upstream.script("still here")
+    r = chat(p.url, {"model": "m", "messages": HI})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "still here"
+
+
+# --------------------------------------------------------------------------- provider errors
+
+@pytest.mark.parametrize("status", [500, 503])
+@pytest.mark.parametrize("stream", [False, True])
+def test_provider_5xx_reaches_the_client_unchanged(upstream, tmp_path, status, stream):
+    body = {"error": {"message": f"The server had an error ({status})", "type": "server_error",
+                      "param": None, "code": None}}
+    raw = json.dumps(body).encode()
+    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db")) as p:
+        upstream.fail_next(status, raw, {"x-upstream-marker": "m1"})
+        r = chat(p.url, {"model": "m", "messages": HI, "stream": stream})
+        assert r.status_code == status
+        assert r.content == raw
+        assert r.headers["x-upstream-marker"] == "m1"
+        # The SDK sees the provider's own error, not a proxy-made one.
+        upstream.fail_next(status, raw)
+        sdk = openai.OpenAI(base_url=p.url + "/v1", api_key=KEY, max_retries=0, timeout=10)
+        with pytest.raises(openai.APIStatusError) as exc:
+            out = sdk.chat.completions.create(model="m", messages=HI, stream=stream)
+            if stream:
+                list(out)
+        assert exc.value.status_code == status and exc.value.body["message"] == body["error"]["message"]
+        keeps_serving(p, upstream)
+
+
+# --------------------------------------------------------------------------- dropped connections
+
+@pytest.mark.parametrize("behave", [close_at_once, read_then_close, read_then_reset])
+@pytest.mark.parametrize("stream", [False, True])
+def test_provider_dropping_the_connection_is_a_clean_502(faulty, upstream, behave, stream):
+    p = faulty(behave)
+    for _ in range(3):  # not just the first time: pooled connections must not poison later requests
+        t0 = time.monotonic()
+        r = chat(p.url, {"model": "m", "messages": HI, "stream": stream}, {"x-ctx-route": "broken"})
+        assert time.monotonic() - t0 < 5
+        err = assert_openai_error(r, 502, "upstream_unreachable")
+        assert err["type"] == "upstream_error" and f"127.0.0.1:{p.raw.port}" in err["message"]
+    # Passthrough endpoints too.
+    assert_openai_error(httpx.get(p.url + "/r/broken/v1/models", headers=AUTH, timeout=10), 502, "upstream_unreachable")
+    keeps_serving(p, upstream)
+
+
+def _sse_data(text: str) -> list[Any]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data:"):
+            payload = line[5:].strip()
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def test_stream_cut_mid_way_ends_with_an_sse_error_event(faulty, upstream):
+    p = faulty(sse_two_chunks_then_close)
+    t0 = time.monotonic()
+    with httpx.stream("POST", p.url + "/r/broken/v1/chat/completions", headers=AUTH, timeout=10,
+                      json={"model": "m", "messages": HI, "stream": True}) as r:
+        assert r.status_code == 200
+        text = r.read().decode()
+    assert time.monotonic() - t0 < 5
+    events = _sse_data(text)
+    assert [e["choices"][0]["delta"]["content"] for e in events[:2]] == ["Hello", " world"]
+    assert "[DONE]" not in events
+    last = events[-1]
+    assert isinstance(last, dict) and set(last["error"]) >= {"message", "type", "code"}
+    assert last["error"]["code"] == "upstream_unreachable"
+    # With the SDK: the two chunks arrive, then an APIError.
+    sdk = openai.OpenAI(base_url=p.url + "/r/broken/v1", api_key=KEY, max_retries=0, timeout=10)
+    got = []
+    with pytest.raises(openai.APIError):
+        for chunk in sdk.chat.completions.create(model="m", messages=HI, stream=True):
+            got.append(chunk.choices[0].delta.content)
+    assert got == ["Hello", " world"]
+    keeps_serving(p, upstream)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: an SSE stream whose connection closes before `data: [DONE]` (close-"
+                   "delimited body) is relayed as if complete; the client silently gets a truncated answer "
+                   "with no error event")
+def test_stream_ending_without_done_is_reported_to_the_client(faulty, upstream):
+    p = faulty(sse_two_chunks_then_eof)
+    with httpx.stream("POST", p.url + "/r/broken/v1/chat/completions", headers=AUTH, timeout=10,
+                      json={"model": "m", "messages": HI, "stream": True}) as r:
+        text = r.read().decode()
+    events = _sse_data(text)
+    assert [e["choices"][0]["delta"]["content"] for e in events[:2]] == ["Hello", " world"]
+    assert isinstance(events[-1], dict) and "error" in events[-1], text
+
+
+def test_truncated_provider_body_is_a_502_not_a_hang(faulty, upstream):
+    p = faulty(truncated_json)
+    for stream in (False, True):  # the client's stream flag does not matter: the provider sent JSON
+        t0 = time.monotonic()
+        r = chat(p.url, {"model": "m", "messages": HI, "stream": stream}, {"x-ctx-route": "broken"})
+        assert time.monotonic() - t0 < 5
+        assert_openai_error(r, 502, "upstream_unreachable")
+    keeps_serving(p, upstream)
+
+
+# --------------------------------------------------------------------------- nothing half-written
+
+def _store_call(url: str, fn: Callable[[Any], Any]) -> Any:
+    async def go() -> Any:
+        store = open_store(url)
+        try:
+            return await fn(store)
+        finally:
+            await store.close()
+    return asyncio.run(go())
+
+
+def _timeline(url: str, session: str) -> list[dict]:
+    async def read(store: Any) -> list[dict]:
+        return [orjson.loads(x) for x in await store.read_log(timeline_key(tenant_id(KEY, "ctxproxy-tenant-v1"),
+                                                                           session))]
+    return _store_call(url, read)
+
+
+def _wait_for(fn: Callable[[], Any], timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def big_tool_history(tag: str, lines: int = 400) -> list[dict]:
+    text = "\n".join(f"{tag} line {i}: worker processed item {i * 7919 % 100003} ok" for i in range(lines))
+    return [{"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": f"Read the log ({tag})."},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "cat log"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": text}]
+
+
+OFFLOAD = {"offload": {"tool_result_tokens": 300}}
+
+
+def test_request_rejected_after_parsing_writes_nothing(upstream, tmp_path):
+    """Extends test_rejected_requests_store_nothing: valid JSON that would be offloaded, rejected for other reasons."""
+    url = f"sqlite:///{tmp_path}/ctx.db"
+    with ProxyServer(make_settings(upstream.base_url, url, defaults=OFFLOAD)) as p:
+        msgs = big_tool_history("rejected")
+        assert chat(p.url, {"model": "m", "messages": msgs, "stream": "yes"}).status_code == 400
+        assert chat(p.url, {"model": "m", "messages": msgs}, {"x-session-id": "x" * 500}).status_code == 400
+        assert chat(p.url, {"model": "m", "messages": msgs}, {"x-ctx-route": "nope"}).status_code == 404
+        assert chat(p.url, {"model": "m", "messages": msgs + [{"role": "wizard"}]}).status_code == 400
+        time.sleep(0.2)  # let any (wrong) background write land before looking
+    assert upstream.requests == []
+
+    async def everything(store: Any) -> tuple[list[str], dict]:
+        return await store.keys(""), await store.counters("")
+    assert _store_call(url, everything) == ([], {})
+
+
+def test_provider_failure_after_the_pipeline_is_recorded_as_that_failure(faulty, upstream, tmp_path):
+    p = faulty(truncated_json, defaults=OFFLOAD)
+    url = f"sqlite:///{tmp_path}/ctx.db"
+    session = "sess-truncated"
+    r = chat(p.url, {"model": "m", "messages": big_tool_history("t1")},
+             {"x-ctx-route": "broken", "x-session-id": session})
+    assert_openai_error(r, 502, "upstream_unreachable")
+    timeline = _wait_for(lambda: _timeline(url, session))
+    assert len(timeline) == 1, timeline
+    entry = timeline[0]
+    assert entry["status"] == 502 and entry["error"] == "upstream_unreachable"
+    assert entry["prompt"] is None and entry["completion"] is None  # no usage invented
+    assert entry["offloaded"] == 1  # the pipeline did run
+    # The metrics say the same.
+    metrics = httpx.get(p.url + "/metrics", timeout=5).text
+    assert re.search(r'ctxproxy_requests_total\{[^}]*route="broken"[^}]*status="502"\} 1\.0', metrics), metrics
+    assert not re.search(r'ctxproxy_requests_total\{[^}]*route="broken"[^}]*status="200"\}', metrics)
+
+    # A provider that cannot be reached at all: whatever is stored must not claim success.
+    with ProxyServer(make_settings("http://127.0.0.1:1/v1", url, defaults=OFFLOAD)) as dead:
+        r = chat(dead.url, {"model": "m", "messages": big_tool_history("t2")}, {"x-session-id": "sess-gone"})
+        assert_openai_error(r, 502, "upstream_unreachable")
+        time.sleep(0.3)
+        assert all(e["status"] == 502 for e in _timeline(url, "sess-gone"))
+        assert 'status="200"' not in httpx.get(dead.url + "/metrics", timeout=5).text
+
+
+# --------------------------------------------------------------------------- the store goes away and comes back
+
+class RedisProcess:
+    def __init__(self, port: int, workdir: Path) -> None:
+        self.port, self.workdir = port, workdir
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.fail("redis-server is not on PATH; this test needs the binary to kill and restart a store")
+        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(self.workdir)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                pytest.fail(f"redis-server exited with {self.proc.returncode} on port {self.port}")
+            time.sleep(0.05)
+        pytest.fail("redis-server did not answer PING within 10 s")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(m.group(1)) for m in re.finditer(rf"(?m)^{name}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text))
+
+
+def test_store_outage_forwards_unmodified_fast_and_recovers(upstream, tmp_path, monkeypatch):
+    monkeypatch.setattr(guarded, "COOLDOWN_S", 0.5)  # before the proxy (and its GuardedStore) is built
+    redis = RedisProcess(free_port(), tmp_path)
+    redis.start()
+    try:
+        settings = make_settings(upstream.base_url, f"redis://127.0.0.1:{redis.port}/0", defaults=OFFLOAD)
+        with ProxyServer(settings) as p, httpx.Client(base_url=p.url, headers=AUTH, timeout=10) as c:
+            n = iter(range(1000))
+
+            def ask() -> tuple[httpx.Response, bytes, float]:
+                raw = orjson.dumps({"model": "m", "messages": big_tool_history(f"run{next(n)}")})  # new text: needs the store
+                t0 = time.monotonic()
+                r = c.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+                return r, raw, time.monotonic() - t0
+
+            r, raw, _ = ask()
+            assert r.status_code == 200 and r.headers.get("x-ctxproxy-offloaded") == "1"
+            assert "x-ctxproxy-degraded" not in r.headers and upstream.requests[-1].body != raw
+            assert c.get("/readyz").status_code == 200
+
+            redis.kill()
+            for _ in range(5):
+                r, raw, took = ask()
+                assert r.status_code == 200, r.text
+                assert r.headers.get("x-ctxproxy-degraded") == "store-unavailable"
+                assert "x-ctxproxy-offloaded" not in r.headers
+                assert upstream.requests[-1].body == raw  # the client's request, byte for byte
+                assert took < 1.0, f"degraded request took {took:.2f}s: the proxy waited on a dead store"
+            ready = c.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["store"] is False
+            assert _metric(c.get("/metrics").text, "ctxproxy_degraded_requests_total") >= 5
+
+            redis.start()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.2)
+                r, raw, _ = ask()
+                assert r.status_code == 200
+                if "x-ctxproxy-degraded" not in r.headers:
+                    break
+            assert "x-ctxproxy-degraded" not in r.headers, "still degraded 10 s after the store came back"
+            assert r.headers.get("x-ctxproxy-offloaded") == "1" and upstream.requests[-1].body != raw
+            assert c.get("/readyz").status_code == 200
+    finally:
+        redis.kill()
+
+
+# --------------------------------------------------------------------------- SIGTERM drains in-flight streams
+
+def test_sigterm_lets_an_in_flight_stream_finish(tmp_path, upstream):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
+    env.update(CTXPROXY_UPSTREAM=upstream.base_url, CTXPROXY_STORE=f"sqlite:///{tmp_path}/x.db")
+    log = tmp_path / "proxy.log"
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "ctxproxy serve did not become healthy"
+            time.sleep(0.05)
+
+        words = "one two three four five six"
+        upstream.script(words)
+        upstream.chunk_delay = 0.3
+        events: list[Any] = []
+        signalled_at = None
+        with httpx.stream("POST", url + "/v1/chat/completions", headers=AUTH, timeout=10,
+                          json={"model": "m", "messages": HI, "stream": True}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                events.append(payload if payload == "[DONE]" else json.loads(payload))
+                if signalled_at is None:
+                    proc.send_signal(signal.SIGTERM)
+                    signalled_at = time.monotonic()
+        assert signalled_at is not None
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if isinstance(e, dict) and e["choices"])
+        assert text.split() == words.split() and events[-1] == "[DONE]"
+        assert not any(isinstance(e, dict) and "error" in e for e in events)
+        code = proc.wait(timeout=30)  # the CLI's graceful-shutdown timeout
+        assert code in (0, -signal.SIGTERM), log.read_text()
+        assert time.monotonic() - signalled_at < 30
+        assert "shutdown complete" in log.read_text().lower()
+        # New connections are refused once it has gone.
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/healthz", timeout=1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
