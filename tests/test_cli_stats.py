@@ -113,9 +113,10 @@ def test_stats_prints_the_figures_the_proxy_serves(proxy, upstream):
     listed = httpx.get(proxy.url + "/ctx/v1/sessions", headers={"x-ctx-admin-token": "s3cret"}).json()["sessions"]
     sessions = rows(out, "recent sessions")
     assert [s[0] for s in sessions] == [s["session"] for s in listed]
-    mine = next(s for s in sessions if s[0] == session)
-    assert mine[2:6] == ["3", n(listed[[x["session"] for x in listed].index(session)]["prompt"]),
-                         mine[4], "1"] and mine[-1] == "system prompt changed"
+    for row, s in zip(sessions, listed):
+        assert row[1:6] == [s["model"], n(s["requests"]), n(s["prompt"]), n(s["cached"]), n(s["breaks"])]
+        assert row[-1] == (s["last_break"] or "-")
+    assert next(s for s in sessions if s[0] == session)[-1] == "system prompt changed"
 
     # --window, --token, --json
     r = cli("--url", proxy.url, "--token", "s3cret", "--window", "all", "--json")

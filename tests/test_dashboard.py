@@ -29,6 +29,7 @@ from proxy_server import ProxyServer, make_settings
 CHROMIUM = "/usr/bin/chromium"
 INSTALL = "apt-get update && apt-get install -y chromium"
 WIDTH, HEIGHT = 1280, 800
+MARKUP = '<img src=x onerror="document.title=1">'
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("bash", "edit")]
 
 
@@ -201,25 +202,32 @@ def test_dashboard_shows_the_stats_and_a_session_timeline(chromium, upstream, tm
         assert broke.headers["x-ctxproxy-cache-break"] == "system prompt changed"
         post(p, big_tool_result())  # offloaded: tokens saved
         post(p, conversation(2), model="gpt-4o-mini")  # a second route/model row
-        stats = settled_stats(p, 5)
+        post(p, conversation(1), session=MARKUP)  # a client-chosen id is shown as text, never as markup
+        stats = settled_stats(p, 6)
         totals = stats["totals"]["last_day"]
-        assert totals["requests"] == 5 and totals["breaks"] == 1 and totals["saved_offload"] > 0
+        assert totals["requests"] == 6 and totals["breaks"] == 1 and totals["saved_offload"] > 0
         assert totals["hit_rate"] is not None and 0 < totals["hit_rate"] < 1
 
         url = f"{p.url}/ctx/ui#session={session}"
         dom = dump_dom(chromium, url, tmp_path)
+        all_time = dump_dom(chromium, f"{p.url}/ctx/ui#window=all&session={session}", tmp_path)
         shot = tmp_path / "dashboard.png"
         browse(chromium, url, tmp_path, f"--screenshot={shot}", f"--window-size={WIDTH},{HEIGHT}")
 
     assert 'data-state="ready"' in dom
     # headline tiles: the figures of the default window (last day), formatted as the page formats them
-    assert text_of(dom, "requests") == num(totals["requests"]) == "5"
+    assert text_of(dom, "requests") == num(totals["requests"]) == "6"
     assert text_of(dom, "hit-rate") == pct(totals["hit_rate"])
     assert text_of(dom, "efficiency") == pct(totals["efficiency"])
     assert text_of(dom, "saved-tokens") == num(totals["saved_tokens"])
     assert text_of(dom, "saved-offload") == num(totals["saved_offload"])
     assert text_of(dom, "effective-cost") == num(totals["effective_cost"], 1)
     assert text_of(dom, "breaks") == "1"
+    assert 'data-window="last_day" aria-pressed="true"' in dom
+    # another window, chosen in the address as the window buttons do
+    assert 'data-window="all" aria-pressed="true"' in all_time
+    assert text_of(all_time, "requests") == num(stats["totals"]["all"]["requests"])
+    assert text_of(all_time, "hit-rate") == pct(stats["totals"]["all"]["hit_rate"])
     # one row per route/model, with its figures
     groups = section(dom, "groups", "</tbody>")
     for g in stats["groups"]:
@@ -231,6 +239,7 @@ def test_dashboard_shows_the_stats_and_a_session_timeline(chromium, upstream, tm
     sessions = section(dom, "sessions", "</tbody>")
     assert f'data-session="{session}" class="selected"' in sessions
     assert "system prompt changed" in sessions
+    assert MARKUP not in dom and html.escape(MARKUP, quote=False) in dom
     # its timeline, request by request, the break on the third
     timeline = section(dom, "timeline")
     rows = re.findall(r"<tr[^>]*data-request=.*?</tr>", timeline, re.S)
@@ -257,6 +266,7 @@ def test_dashboard_asks_for_the_admin_token_and_handles_no_data(chromium, upstre
         banner = section(dom, "auth-error", "</form>")
         assert "hidden" not in banner[:banner.index(">")]
         assert "The proxy wants the admin token" in banner and "CTXPROXY_ADMIN_TOKEN" in banner
+        assert "No figures without the admin token" in section(dom, "sessions", "</tbody>")
     assert "was refused" in section(wrong, "auth-error", "</form>")
 
     assert 'data-state="ready"' in empty
@@ -265,3 +275,17 @@ def test_dashboard_asks_for_the_admin_token_and_handles_no_data(chromium, upstre
     assert text_of(empty, "requests") == "0" and text_of(empty, "hit-rate") == "—"
     assert "No sessions yet" in section(empty, "sessions", "</tbody>")
     assert "No requests in the last" in empty  # the chart and the route table say so
+
+
+def test_dashboard_is_one_self_contained_page(upstream, tmp_path):
+    """Served as is, with nothing to fetch from elsewhere: no scripts, styles, fonts or images by URL."""
+    with ProxyServer(proxy_settings(upstream, tmp_path)) as p:
+        r = httpx.get(p.url + "/ctx/ui")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    page = r.text
+    assert page == (Path(__file__).resolve().parents[1] / "proxy" / "dashboard.html").read_text(encoding="utf-8")
+    assert not re.search(r"""(src|href)\s*=|@import|url\(|<link\b""", page, re.I)
+    assert re.findall(r"https?://[^\s\"')]+", page) == ["http://www.w3.org/2000/svg"]  # a namespace, not a fetch
+    for element_id in ("hit-rate", "efficiency", "requests", "saved-tokens", "effective-cost", "breaks", "chart",
+                       "groups", "sessions", "timeline", "auth-error"):
+        assert f'id="{element_id}"' in page
