@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from proxy.conversation import Conversation, RequestContext
-from proxy.logs import event
+from proxy.logs import event, log
 from proxy.metrics import Metrics
 from proxy.prefix_check import PrefixCheck, Trace, compare, expiry_cause
 from proxy.store import Store, StoreError
@@ -100,8 +100,12 @@ class Accountant:
         self._traces.move_to_end(key)
         if len(self._traces) > _TRACES_CACHED:
             self._traces.popitem(last=False)
-        entry = self._entry(ctx, conv, check, outcome)
-        self._metrics(ctx, entry, outcome)
+        try:
+            entry = self._entry(ctx, conv, check, outcome)
+            self._metrics(ctx, entry, outcome)
+        except Exception:  # accounting must never be the reason a request fails
+            log.exception("accounting failed", extra={"fields": {"request_id": ctx.request_id}})
+            return
         task = asyncio.get_running_loop().create_task(self._write(ctx, trace, entry))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -120,7 +124,7 @@ class Accountant:
             "break": cause, "offloaded": len(offloads),
             "saved_offload": sum(e.detail["saved"] for e in offloads),
             "compacted": compact["layer"] if compact else None,
-            "saved_compress": (compact["before"] - compact["after"]) if compact else 0,
+            "saved_compress": max(0, compact["before"] - compact["after"]) if compact else 0,
             "own_calls": len(o.own), "own_prompt": own_prompt,
             "own_cached": sum(x.cached or 0 for _, x in o.own),
             "overhead_ms": round(o.overhead_s * 1000, 3), "upstream_ms": round(o.upstream_s * 1000, 3),

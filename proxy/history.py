@@ -98,28 +98,51 @@ def text_of(message: Message) -> str:
 
 # Identifiers the agent will need verbatim: written by code into the summary, never paraphrased.
 _URL = r"https?://[^\s\"'<>`)\]}]+"
-_PATH = r"(?:~|\.{1,2})?/?(?:[\w@+-][\w.@+-]*/)+[\w.@+-]*[\w]|\b[\w-]+\.(?:py|js|ts|tsx|jsx|go|rs|c|h|cc|cpp|hpp|java|kt|rb|php|cs|swift|m|sh|toml|yaml|yml|json|md|rst|txt|cfg|ini|lock|html|css|sql|proto|xml|pony|ipynb)\b"
+_SEGMENT = r"\.?[\w@+-][\w.@+-]*"
+_PATH = rf"(?:\$\w+/|~/|\.{{1,2}}/|/)?(?:{_SEGMENT}/)+{_SEGMENT}|\.{{0,2}}/?\b[\w-]+\.[A-Za-z][\w]{{0,7}}\b"
 _HASH = r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,64}\b"
 _UUID = r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
-IDENTIFIER = re.compile(f"{_URL}|{_UUID}|{_HASH}|{_PATH}", re.IGNORECASE)
+IDENTIFIER = re.compile(f"(?P<url>{_URL})|(?P<uuid>{_UUID})|(?P<hash>{_HASH})|(?P<path>{_PATH})", re.IGNORECASE)
 _TRAILING = ".,;:'\")]}"
+_EXTENSION = re.compile(r"\.[A-Za-z][\w]{0,7}$")
+_ROOTED = ("/", "./", "../", "~/", "$")
+
+
+def _is_path(value: str) -> bool:
+    """A path-looking match that names something: rooted, with an extension, or three segments deep.
+
+    Keeps `./bar.py`, `~/.config/pylintrc`, `django/db/models`; drops `and/or`, `5.32/10`.
+    """
+    if not any(c.isalpha() for c in value):
+        return False
+    if value.startswith(_ROOTED):
+        return len(value) > 2
+    last = value.rsplit("/", 1)[-1]
+    return bool(_EXTENSION.search(last)) and not last.replace(".", "").isdigit() or value.count("/") >= 2
 
 
 def identifiers(messages: Sequence[Message], cap: int) -> list[str]:
-    """Paths, URLs, hashes and ids in the messages, verbatim, first seen first.
+    """Paths, URLs, hashes and ids in the messages, verbatim, in order of first appearance.
 
-    User and assistant messages (tool-call arguments included) come before tool
-    results: they are what the agent itself named.
+    What the agent itself named (user and assistant messages, tool-call arguments
+    included) comes before what tools printed; within each, the newest win when
+    `cap` cuts. The proxy's own status messages are not read.
     """
-    seen: dict[str, None] = {}
-    for roles in (("user", "assistant", "system", "developer"), ("tool", "function")):
-        for m in messages:
-            if m.get("role") not in roles:
+    groups: list[dict[str, None]] = [{}, {}]
+    for m in messages:
+        role = m.get("role")
+        content = m.get("content")
+        if role == "user" and isinstance(content, str) and content.startswith("<agent_status>"):
+            continue
+        group = groups[0] if role in ("user", "assistant", "system", "developer") else groups[1]
+        for match in IDENTIFIER.finditer(text_of(m)):
+            value = match.group(0).rstrip(_TRAILING)
+            if len(value) <= 2 or (match.lastgroup == "path" and not _is_path(value)):
                 continue
-            for match in IDENTIFIER.finditer(text_of(m)):
-                value = match.group(0).rstrip(_TRAILING)
-                if len(value) > 2 and value not in seen:
-                    seen[value] = None
-                    if len(seen) >= cap:
-                        return list(seen)
-    return list(seen)
+            group.pop(value, None)
+            group[value] = None  # re-seen: it moves to the newest end
+    chosen: list[str] = []
+    for group in groups:
+        chosen += list(group)[-(cap - len(chosen)):] if cap > len(chosen) else []
+    order = {v: i for i, v in enumerate(dict.fromkeys(v for g in groups for v in g))}
+    return sorted(chosen, key=order.__getitem__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +76,7 @@ def _todo_counts(arguments: str, shape: TodoShape) -> tuple[int, int] | None:
     return len(items) - done, done
 
 
-def analyze(messages: Sequence[dict[str, Any]], error_pattern: re.Pattern[str], todo: TodoShape) -> Trajectory:
+def analyze(messages: Sequence[dict[str, Any]], is_error: Callable[[dict[str, Any]], bool], todo: TodoShape) -> Trajectory:
     t = Trajectory()
     names: dict[Any, str] = {}
     last_sig: tuple[str, str] | None = None
@@ -101,6 +101,6 @@ def analyze(messages: Sequence[dict[str, Any]], error_pattern: re.Pattern[str], 
                         t.todo_open, t.todo_done = counts
         elif role in ("tool", "function"):
             t.last_tool = names.get(m.get("tool_call_id"), m.get("name") or "?")
-            t.last_error = looks_like_error(m, error_pattern)
+            t.last_error = is_error(m)
             t.consecutive_errors = t.consecutive_errors + 1 if t.last_error else 0
     return t

@@ -38,6 +38,7 @@ DEFAULT_FACTS = ("What is the task, with its constraints?", "Which files were re
 _LOCK_POLL = 0.1  # seconds between checks while another request of the session compacts
 _SUMMARIZER_WINDOW_SHARE = 0.85  # of the window, for transcript + answer (the rest: prompt, framing, slack)
 _MIN_TRANSCRIPT_TOKENS = 500
+_MAX_TAIL_SHARE_OF_TARGET = 0.5  # the verbatim tail takes at most half of the target
 
 
 class CompressSettings(BaseModel):
@@ -114,10 +115,12 @@ class Compress:
             if result is None:
                 return view
             new, layer, detail = result
+            after = sum(new.counts) + fixed
+            if after >= before:  # nothing to gain: forward as is rather than break the cache for nothing
+                return view
             cut = new.raw_index(new.kept)
             await log.write(view.version + 1, cut, chain(digests, cut)[-1], layer, new.messages[:new.kept])
             new.version = view.version + 1
-            after = sum(new.counts) + fixed
             conv.events.append(Event("compact", {"layer": layer, "before": before, "after": after, **detail}))
             event("compacted", request_id=ctx.request_id, session=ctx.session, layer=layer, tokens_before=before,
                   tokens_after=after, version=new.version)
@@ -130,7 +133,9 @@ class Compress:
         s, model = self.settings, conv.body.get("model")
         msgs, counts = view.messages, view.counts
         h = head_end(msgs)
-        t = tail_start(msgs, counts, s.keep_recent_tokens, max(h, view.kept))
+        # The kept tail must leave room under the target, or a compaction cannot get there.
+        keep = min(s.keep_recent_tokens, int(ctx.window * s.target * _MAX_TAIL_SHARE_OF_TARGET))
+        t = tail_start(msgs, counts, keep, max(h, view.kept))
         if t <= h or t < view.kept:
             return None
         archive = Archive(ctx.store, ctx.tenant, s.retention_days)

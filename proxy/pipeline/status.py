@@ -25,9 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy.conversation import Conversation, Event, RequestContext
 from proxy.tokens import default_counter
-from proxy.trajectory import DEFAULT_ERROR_PATTERN, STATUS_OPEN, TodoShape, Trajectory, analyze, is_status
+from proxy.trajectory import (DEFAULT_ERROR_PATTERN, STATUS_OPEN, TodoShape, Trajectory, analyze, is_status,
+                              looks_like_error)
 
 _SESSIONS_CACHED = 10_000  # sessions whose recorded statuses are kept in process
+_ERRORS_CACHED = 200_000  # tool results whose error look is remembered, by digest
 _PREV_HEX = 16  # hex chars of the preceding message's digest stored with a status
 
 
@@ -74,12 +76,13 @@ class StatusHistory:
         self.settings = settings
         self.pattern = re.compile(settings.error_pattern)
         self._recorded: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
+        self._errors: OrderedDict[bytes, bool] = OrderedDict()
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         if self.settings.agents_only and not _is_agent(conv):
             return conv
         raw = [m for m in conv.messages if not is_status(m)]
-        conv.notes["trajectory"] = analyze(raw, self.pattern, self.settings.todo)
+        conv.notes["trajectory"] = analyze(raw, lambda m: self._is_error(conv, m), self.settings.todo)
         prev = conv.digest(raw[-1]).hex()[:_PREV_HEX] if raw else ""
         conv.notes["status_anchor"] = (len(raw), prev)
         if self.settings.mode != "append":
@@ -97,6 +100,16 @@ class StatusHistory:
         if len(out) != len(raw) or len(raw) != len(conv.messages):
             conv.set_messages(out)
         return conv
+
+    def _is_error(self, conv: Conversation, message: dict[str, Any]) -> bool:
+        """Whether a tool result looks like a failure, decided once per distinct result."""
+        key = conv.digest(message)
+        hit = self._errors.get(key)
+        if hit is None:
+            hit = self._errors[key] = looks_like_error(message, self.pattern)
+            if len(self._errors) > _ERRORS_CACHED:
+                self._errors.popitem(last=False)
+        return hit
 
     async def _entries(self, ctx: RequestContext) -> list[dict[str, Any]]:
         key = (ctx.tenant, ctx.session)
