@@ -153,8 +153,10 @@ class Compress:
             try:
                 summary, usage = await self._summary(ctx, archive, span, tool, model)
                 head = msgs[:h] + [summary]
-                return with_tail(head, counts[:h] + default_counter.message_counts([summary], model)), "summary", \
-                    {"summarized": len(span), "summary_calls": usage}
+                layer2 = with_tail(head, counts[:h] + default_counter.message_counts([summary], model))
+                if sum(layer2.counts) + fixed <= ctx.window:
+                    return layer2, "summary", {"summarized": len(span), "summary_calls": usage}
+                event("summary does not fit the window; archiving instead", request_id=ctx.request_id)
             except SummarizerError as e:
                 event("summarizer failed; falling back", request_id=ctx.request_id, session=ctx.session, error=str(e))
                 await ctx.store.put(log.breaker, b"1", ttl=s.breaker_cooldown)

@@ -42,6 +42,9 @@ class OffloadSettings(BaseModel):
     preview_line_chars: int = Field(default=200, ge=40)  # each preview line cut to this many characters
     preview_max_share: float = Field(default=0.25, gt=0, lt=1)  # a preview costs at most this share of the original
     retention_days: float = Field(default=7, gt=0)  # how long stored text stays readable
+    # Thresholds never exceed this share of the model's window, so a small local model
+    # gets early offloading without retuning (32k window: tool results over 8k tokens).
+    max_window_share: float = Field(default=0.25, gt=0, le=1)
 
 
 def _text_of(content: Any) -> str | None:
@@ -99,7 +102,7 @@ class Offload:
             if decision is False:
                 continue
             if decision is None:
-                decision = await self._decide(archive, conv, messages[i], handle, text, what, read_name)
+                decision = await self._decide(archive, conv, messages[i], handle, text, what, read_name, ctx.window)
                 self._remember(ctx.tenant, handle, decision or False)
                 if not decision:
                     continue
@@ -143,9 +146,10 @@ class Offload:
         return known
 
     async def _decide(self, archive: Archive, conv: Conversation, message: dict[str, Any], handle: str, text: str,
-                      what: str, read_name: str) -> dict[str, Any] | None:
+                      what: str, read_name: str, window: int) -> dict[str, Any] | None:
         s = self.settings
         limit = s.user_message_tokens if message.get("role") == "user" else s.tool_result_tokens
+        limit = max(MIN_THRESHOLD_TOKENS, min(limit, int(window * s.max_window_share)))
         model = conv.body.get("model")
         tokens = default_counter.count_message(message, model)
         if tokens <= limit:

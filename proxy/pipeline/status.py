@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from proxy.compaction import reserve_tokens
 from proxy.conversation import Conversation, Event, RequestContext
 from proxy.tokens import default_counter
 from proxy.trajectory import (DEFAULT_ERROR_PATTERN, STATUS_OPEN, TodoShape, Trajectory, analyze, is_status,
@@ -145,7 +146,11 @@ class StatusBar:
         model = conv.body.get("model")
         used = default_counter.count_messages(conv.messages, model) + default_counter.count_tools(conv.body.get("tools"), model)
         text = self.render(traj, conv, ctx.window, used, now - clock["first"], now - clock["last"], now)
-        conv.set_messages([*conv.messages, {"role": self.settings.role, "content": text}])
+        status = {"role": self.settings.role, "content": text}
+        if used + default_counter.count_message(status, model) + reserve_tokens(conv.body) > ctx.window:
+            conv.events.append(Event("status-skipped", {"reason": "would not fit the window"}))
+            return conv  # the status bar must never be the reason a request is rejected
+        conv.set_messages([*conv.messages, status])
         conv.events.append(Event("status", {}))
         if self.settings.mode == "append":
             await ctx.store.append_log(status_key, orjson.dumps({"k": n, "prev": prev, "content": text}))
