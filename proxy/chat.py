@@ -21,14 +21,14 @@ from proxy import toolloop
 from proxy.accounting import Outcome, usage_from_events
 from proxy.archive import Archive
 from proxy.conversation import Conversation, RequestContext
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, UpstreamUnreachable
 from proxy.learned_windows import overflow_limit
 from proxy.logs import event
 from proxy.pipeline import run_pipeline
 from proxy.report import event_fields, event_headers
 from proxy.responses import error_response, read_body, relay_response, relay_stream
 from proxy.routing import api_key_of, resolve_route, session_id, tenant_id
-from proxy.sse import account_stream
+from proxy.sse import StreamCutShort, account_stream
 from proxy.state import ProxyState, state_of
 from proxy.toolloop import Rounds
 from proxy.upstream import iter_raw, read_body as read_upstream_body, request_headers, response_headers, upstream_url
@@ -48,6 +48,8 @@ async def chat_completions(request: Request) -> Response:
     t0 = time.perf_counter()
     log: dict[str, object] = {"request_id": new_request_id(), "path": request.url.path}
     headers = {"x-ctxproxy-request-id": str(log["request_id"])}
+    ctx: RequestContext | None = None
+    t_sent = t0
     try:
         raw = await read_body(request, st.settings.server.max_body_bytes)
         conv = Conversation.parse(raw)
@@ -67,6 +69,10 @@ async def chat_completions(request: Request) -> Response:
         if resp.status_code == 400 and ctx.model:
             resp, conv, ctx = await _retry_if_overflow(st, resp, url, send, conv, ctx, headers)
     except ProxyError as err:
+        if ctx is not None and t_sent > t0:  # it reached the upstream step: a failed request, counted as one
+            failed = Outcome(status=err.status, error=err.code, overhead_s=t_sent - t0)
+            trace = st.accounting.trace(conv, ctx)
+            st.accounting.record(ctx, conv, trace, await st.accounting.check(ctx, trace), failed)
         _finish(log, t0, status=err.status, error=err.code)
         return error_response(err, headers)
 
@@ -175,6 +181,10 @@ async def _relay_sse(chunks: AsyncIterator[bytes], status: int, log: dict, t0: f
             sent += len(chunk)
             yield chunk
     except ProxyError as err:
+        status, error = err.status, err.code
+        yield b"data: " + err.body() + b"\n\n"
+    except StreamCutShort as cut:
+        err = UpstreamUnreachable(f"upstream stream ended early: {cut}", code="upstream_stream_cut")
         status, error = err.status, err.code
         yield b"data: " + err.body() + b"\n\n"
     finally:

@@ -30,6 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--session", help="print this session's timeline, request by request")
     st.add_argument("--json", action="store_true",
                     help="print the proxy's JSON as it is (/ctx/v1/stats, or the session with --session)")
+    from proxy.replay import add_arguments as replay_arguments
+
+    replay_arguments(sub.add_parser(
+        "replay", help="replay recorded agent trajectories through an in-process proxy (--simulate: no API key)",
+        description="Send each turn of recorded trajectories through an in-process ctxproxy and straight to a "
+                    "provider simulator, and compare tokens, cache hits, rejections and cost."))
     return p
 
 
@@ -222,6 +228,10 @@ def _stats(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "replay":
+        from proxy.replay import main as replay_main
+
+        raise SystemExit(replay_main(args))
     if args.command == "stats":
         try:
             _stats(args)

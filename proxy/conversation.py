@@ -19,6 +19,8 @@ from proxy.tokens import message_digest
 from proxy.upstream import Upstream
 
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
+# orjson re-serializes at most this deep; a body the proxy could not write back is refused up front.
+_MAX_DEPTH = 254
 
 
 @dataclass
@@ -93,6 +95,12 @@ class Conversation:
         except orjson.JSONDecodeError as e:
             raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
         check_chat_body(body)
+        if raw.count(b"[") + raw.count(b"{") >= _MAX_DEPTH:  # only then can it be nested too deep
+            try:
+                orjson.dumps(body)
+            except orjson.JSONEncodeError:
+                raise BadRequest(f"request body is nested deeper than {_MAX_DEPTH} levels",
+                                 code="invalid_json") from None
         return cls(raw=raw, body=body, client_messages=body["messages"])
 
 
@@ -125,6 +133,33 @@ def check_chat_body(body: Any) -> None:
             for j, part in enumerate(content):
                 if not isinstance(part, (dict, str)):
                     raise BadRequest(f"{where}.content[{j}] must be an object", param=f"{where}.content[{j}]")
+        if m.get("tool_call_id") is not None and not isinstance(m["tool_call_id"], str):
+            raise BadRequest(f"{where}.tool_call_id must be a string", param=f"{where}.tool_call_id")
         calls = m.get("tool_calls")
         if calls is not None and not isinstance(calls, list):
             raise BadRequest(f"{where}.tool_calls must be an array", param=f"{where}.tool_calls")
+        for j, call in enumerate(calls or ()):
+            _check_call(call, f"{where}.tool_calls[{j}]")
+    for i, tool in enumerate(tools or ()):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise BadRequest(f"{where} must be an object", param=where)
+        fn = tool.get("function")
+        if fn is not None and not (isinstance(fn, dict) and isinstance(fn.get("name", ""), str)):
+            raise BadRequest(f"{where}.function must be an object with a string name", param=f"{where}.function")
+        if not isinstance(tool.get("name", ""), str):
+            raise BadRequest(f"{where}.name must be a string", param=f"{where}.name")
+
+
+def _check_call(call: Any, where: str) -> None:
+    if not isinstance(call, dict):
+        raise BadRequest(f"{where} must be an object", param=where)
+    if call.get("id") is not None and not isinstance(call["id"], str):
+        raise BadRequest(f"{where}.id must be a string", param=f"{where}.id")
+    fn = call.get("function")
+    if fn is None:
+        return
+    if not isinstance(fn, dict) or not isinstance(fn.get("name", ""), str) \
+            or not isinstance(fn.get("arguments", ""), str):
+        raise BadRequest(f"{where}.function must be an object with string name and arguments",
+                         param=f"{where}.function")

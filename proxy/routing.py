@@ -62,7 +62,7 @@ def session_id(headers: Mapping[str, str], tenant: str, route: Route, body: Mapp
     given = headers.get(SESSION_HEADER)
     if given is not None:
         given = given.strip()
-        if not given or len(given) > _MAX_SESSION_ID or not given.isprintable():
+        if not given or len(given) > _MAX_SESSION_ID or not given.isprintable() or not given.isascii():
             raise BadRequest(f"X-Session-Id must be 1-{_MAX_SESSION_ID} printable characters", param="X-Session-Id")
         return given
     h = hashlib.blake2b(digest_size=12)

@@ -6,6 +6,7 @@ account for it; a client that did not ask must not receive that extra chunk.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ import orjson
 from proxy.usage import Usage, parse_usage
 
 DONE = b"[DONE]"
+_FINISHED = re.compile(rb'"finish_reason":\s*"|"type":\s*"response\.completed"')
 
 
 def split_events(buffer: bytearray) -> list[bytes]:
@@ -42,14 +44,26 @@ def is_usage_chunk(chunk: Any) -> bool:
     return isinstance(chunk, dict) and chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)
 
 
+class StreamCutShort(Exception):
+    """The provider closed a stream before it finished (no finish_reason, no [DONE])."""
+
+
 async def account_stream(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
                          hide_usage: bool) -> AsyncIterator[bytes]:
-    """Pass events through as they complete; report the usage chunk, and drop it if the client did not ask."""
+    """Pass events through as they complete; report the usage chunk, and drop it if the client did not ask.
+
+    A stream that ends without a finish_reason or [DONE] was cut: the caller gets
+    StreamCutShort after the last event, so the client is told instead of
+    mistaking a truncated answer for a whole one.
+    """
     buffer = bytearray()
+    finished = False
     async for raw in chunks:
         buffer += raw.replace(b"\r\n", b"\n") if b"\r" in raw else raw
         out = []
         for ev in split_events(buffer):
+            if not finished and (b"[DONE]" in ev or _FINISHED.search(ev)):
+                finished = True
             if b'"usage":{' in ev or b'"usage": {' in ev:
                 chunk = event_data(ev)
                 if is_usage_chunk(chunk):
@@ -63,3 +77,5 @@ async def account_stream(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage
             yield b"".join(out)
     if buffer:
         yield bytes(buffer)
+    if not finished:
+        raise StreamCutShort("the provider closed the stream before it finished")

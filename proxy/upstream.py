@@ -16,7 +16,7 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 
 from proxy.config import UpstreamSettings
-from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
 
 # Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus ones
 # the transport recomputes.
@@ -51,6 +51,10 @@ def request_headers(client_headers: Iterable[tuple[str, str]], upstream: Upstrea
     if identity_encoding:
         drop = drop | {"accept-encoding"}
     out = [(k, v) for k, v in items if k.lower() not in drop]
+    for k, v in out:
+        if not v.isascii():
+            raise BadRequest(f"header {k!r} has non-ASCII characters; HTTP header values must be ASCII",
+                             param=k, code="invalid_header")
     if key:
         out.append(("authorization", f"Bearer {key}"))
     if identity_encoding:

@@ -1,0 +1,413 @@
+"""Sending recorded turns: straight to a fresh simulator (the "no proxy" baseline) and through an in-process ctxproxy.
+
+The proxy is the real application (`proxy.app.create_app`) with the user's
+configuration (or the built-in defaults), a temporary SQLite store, every
+route's upstream pointed at the simulator (or at ``--upstream``), and the
+replayed models' window set to ``--window``. It runs under uvicorn on a free
+127.0.0.1 port in a thread, and the turns reach it over real HTTP, one after
+the other, as an agent sends them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+import yaml
+
+from proxy.config import Settings, build_settings
+from proxy.errors import ConfigError
+from proxy.replay.traces import Trace
+from proxy.simulator import SimRecord, Simulator, ThreadedServer
+from proxy.tokens import default_counter
+from proxy.usage import parse_usage
+
+SIMULATED_KEY = "sk-ctxproxy-simulated"  # the Authorization the replay sends to the simulator (no real key)
+CACHED_PRICE = 0.1  # a cached prompt token costs about a tenth of an uncached one
+OWN_KINDS = ("summary", "facts")
+_RESULTED_IN = re.compile(r"resulted in ([\d,]+) tokens|requested ([\d,]+) tokens")
+
+
+class ReplayError(Exception):
+    """One line for stderr; `code` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Side:
+    """One turn as one side (no proxy / ctxproxy) got it."""
+
+    status: int | None = None  # the HTTP status the agent got (None: no answer at all)
+    error: str | None = None  # the error code, e.g. "context_length_exceeded"
+    prompt: int | None = None  # tokens of the agent's request as the provider counted them (billed or not)
+    cached: int | None = None  # cached tokens the provider reported for it
+    billed: bool = False  # the provider accepted (and billed) it
+    provider_requests: int | None = None  # agent requests the provider received for this turn (retries included)
+    own_calls: int = 0  # the proxy's own calls (summarizer) made during this turn
+    own_prompt: int = 0
+    own_cached: int = 0
+    actions: dict[str, Any] = field(default_factory=dict)  # what ctxproxy did, from its response headers
+
+    @property
+    def rejected(self) -> bool:
+        return self.error == "context_length_exceeded"
+
+
+@dataclass
+class Turn:
+    trace: str
+    turn: int  # 1-based within its trace
+    index: int  # the assistant message this request was answered with
+    messages: int  # messages the agent sent
+    client_tokens: int  # proxy.tokens.default_counter.count_request of what the agent sent
+    no_proxy: Side
+    ctxproxy: Side
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Totals:
+    turns: int = 0
+    answered: int = 0  # turns answered with HTTP 200
+    rejected: int = 0  # turns answered with context_length_exceeded
+    failed: int = 0  # other errors
+    provider_requests: int | None = 0  # every request the provider received, the proxy's own included
+    prompt_tokens: int = 0  # billed: accepted requests only, the proxy's own calls included
+    cached_tokens: int = 0
+    own_calls: int = 0
+    own_prompt_tokens: int = 0
+    own_cached_tokens: int = 0
+    offloads: int = 0
+    compactions: dict[str, int] = field(default_factory=dict)  # by layer
+    cache_breaks: int = 0
+    status_bars: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    @property
+    def effective_cost(self) -> float:
+        return self.prompt_tokens - self.cached_tokens + CACHED_PRICE * self.cached_tokens
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["hit_rate"] = None if self.hit_rate is None else round(self.hit_rate, 4)
+        out["effective_cost"] = round(self.effective_cost, 1)
+        return out
+
+
+def totals_of(sides: Sequence[Side], log: Sequence[SimRecord] | None) -> Totals:
+    """Per side; with the simulator's log, every request it received counts (the log is the bill)."""
+    t = Totals(turns=len(sides))
+    for s in sides:
+        t.answered += s.status == 200
+        t.rejected += s.rejected
+        t.failed += s.status != 200 and not s.rejected
+        t.offloads += int(s.actions.get("offloaded", 0))
+        if s.actions.get("compacted"):
+            t.compactions[s.actions["compacted"]] = t.compactions.get(s.actions["compacted"], 0) + 1
+        t.cache_breaks += bool(s.actions.get("cache_break"))
+        t.status_bars += bool(s.actions.get("status_bar"))
+    if log is not None:
+        billed = [r for r in log if r.billed]
+        own = [r for r in billed if r.kind in OWN_KINDS]
+        t.provider_requests = len(log)
+        t.prompt_tokens = sum(r.prompt_tokens for r in billed)
+        t.cached_tokens = sum(r.cached_tokens for r in billed)
+        t.own_calls = sum(1 for r in log if r.kind in OWN_KINDS)
+        t.own_prompt_tokens = sum(r.prompt_tokens for r in own)
+        t.own_cached_tokens = sum(r.cached_tokens for r in own)
+    else:  # a real upstream: what its responses and the proxy's accounting say
+        t.provider_requests = None
+        t.prompt_tokens = sum(s.prompt or 0 for s in sides if s.billed) + sum(s.own_prompt for s in sides)
+        t.cached_tokens = sum(s.cached or 0 for s in sides if s.billed) + sum(s.own_cached for s in sides)
+        t.own_calls = sum(s.own_calls for s in sides)
+        t.own_prompt_tokens = sum(s.own_prompt for s in sides)
+        t.own_cached_tokens = sum(s.own_cached for s in sides)
+    return t
+
+
+def both_answered(turns: Sequence[Turn]) -> dict[str, Any]:
+    """Prompt, cached tokens and effective cost over only the turns both sides answered (a like-for-like bill)."""
+    pairs = [t for t in turns if t.no_proxy.status == 200 and t.ctxproxy.status == 200]
+
+    def bill(sides: list[Side]) -> dict[str, Any]:
+        prompt = sum((s.prompt or 0) + s.own_prompt for s in sides)
+        cached = sum((s.cached or 0) + s.own_cached for s in sides)
+        return {"prompt_tokens": prompt, "cached_tokens": cached,
+                "effective_cost": round(prompt - cached + CACHED_PRICE * cached, 1)}
+
+    return {"turns": len(pairs), "no_proxy": bill([t.no_proxy for t in pairs]),
+            "ctxproxy": bill([t.ctxproxy for t in pairs])}
+
+
+# --------------------------------------------------------------------------- the baseline
+
+def no_proxy(traces: Sequence[Trace], window: int, authorization: str,
+             tick: Callable[[], None]) -> tuple[list[Side], Simulator]:
+    """Every turn straight to a fresh simulator, in process."""
+    sim = Simulator(window)
+    sides = []
+    for trace in traces:
+        for i in trace.turns():
+            status, body = sim.complete(trace.request(i), authorization)
+            rec = sim.log[-1]
+            err = body.get("error") if status != 200 else None
+            sides.append(Side(status=status, error=(err or {}).get("code") if err else None,
+                              prompt=rec.prompt_tokens, cached=rec.cached_tokens if rec.billed else None,
+                              billed=rec.billed, provider_requests=1))
+            tick()
+    return sides, sim
+
+
+# --------------------------------------------------------------------------- the proxy
+
+def _read_config(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{line}: {getattr(e, 'problem', e)}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of settings")
+    return raw or {}
+
+
+def proxy_settings(config: str | None, upstream_url: str, store_dir: str, models: Sequence[str], window: int,
+                   simulate: bool) -> Settings:
+    """The user's configuration (or the defaults) with every upstream, the store and the models' window replaced."""
+    raw = copy.deepcopy(_read_config(config))
+
+    def retarget(section: Any) -> dict[str, Any]:
+        up = dict(section) if isinstance(section, dict) else {}
+        up["base_url"] = upstream_url
+        if simulate:
+            up["api_key_env"] = None  # the simulator needs no key; the replay's own header is forwarded
+        return up
+
+    raw["upstream"] = retarget(raw.get("upstream"))
+    routes = raw.get("routes")
+    if isinstance(routes, list):
+        raw["routes"] = [{**r, "upstream": retarget(r.get("upstream"))} if isinstance(r, dict) else r for r in routes]
+    raw["store"] = f"sqlite:///{os.path.join(store_dir, 'replay.db')}"
+    facts = raw.get("models") if raw.get("models") is not None else {}
+    if isinstance(facts, dict):  # anything else: build_settings names the fault
+        facts = dict(facts)
+        for m in models:
+            facts[m] = {**(facts.get(m) or {}), "context_window": window}
+        raw["models"] = facts
+    return build_settings(raw, env={}, source=config or "replay settings")
+
+
+class _Collect(logging.Handler):
+    """The proxy's warnings and errors during a replay, kept for the report instead of the terminal."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = getattr(record, "fields", None) or {}
+        detail = ", ".join(f"{k}={v}" for k, v in fields.items() if k in ("error", "path", "layer"))
+        exc = f" ({record.exc_info[0].__name__}: {record.exc_info[1]})" if record.exc_info and record.exc_info[0] \
+            else ""
+        self.lines.append(f"{record.levelname.lower()}: {record.getMessage()}{exc}"
+                          + (f" [{detail}]" if detail else ""))
+
+
+@contextmanager
+def _quiet_logs() -> Iterator[_Collect]:
+    handler = _Collect()
+    saved = []
+    for name in ("ctxproxy", "uvicorn", "uvicorn.error"):
+        lg = logging.getLogger(name)
+        saved.append((lg, lg.handlers[:], lg.propagate, lg.level))
+        lg.handlers[:] = [handler]
+        lg.propagate = False
+        lg.setLevel(logging.WARNING)
+    try:
+        yield handler
+    finally:
+        for lg, handlers, propagate, level in saved:
+            lg.handlers[:] = handlers
+            lg.propagate = propagate
+            lg.setLevel(level)
+
+
+def _actions(headers: httpx.Headers) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if headers.get("x-ctxproxy-offloaded"):
+        out["offloaded"] = int(headers["x-ctxproxy-offloaded"])
+        out["offload_saved"] = int(headers.get("x-ctxproxy-tokens-saved") or 0)
+    if headers.get("x-ctxproxy-compacted"):
+        out["compacted"] = headers["x-ctxproxy-compacted"]
+        out["tokens_before"] = int(headers.get("x-ctxproxy-tokens-before") or 0)
+        out["tokens_after"] = int(headers.get("x-ctxproxy-tokens-after") or 0)
+    if headers.get("x-ctxproxy-status-bar"):
+        out["status_bar"] = True
+    if headers.get("x-ctxproxy-cache-break"):
+        out["cache_break"] = headers["x-ctxproxy-cache-break"]
+    if headers.get("x-ctxproxy-window-learned"):
+        out["window_learned"] = int(headers["x-ctxproxy-window-learned"])
+    if headers.get("x-ctxproxy-degraded"):
+        out["degraded"] = headers["x-ctxproxy-degraded"]
+    return out
+
+
+def _error_code(content: bytes) -> tuple[str | None, int | None]:
+    try:
+        err = orjson.loads(content).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return "unreadable_error", None
+    if not isinstance(err, dict):
+        return "error", None
+    m = _RESULTED_IN.search(str(err.get("message") or ""))
+    return str(err.get("code") or err.get("type") or "error"), int((m.group(1) or m.group(2)).replace(",", "")) \
+        if m else None
+
+
+@dataclass
+class ProxyRun:
+    sides: list[Side]
+    log: list[SimRecord] | None  # the simulator's log (None with a real upstream)
+    proxy_log: list[str]
+    sessions: list[str]
+
+
+def through_proxy(traces: Sequence[Trace], window: int, *, upstream: str | None, config: str | None,
+                  route: str | None, authorization: str | None, tick: Callable[[], None]) -> ProxyRun:
+    """Every turn through an in-process ctxproxy, to a fresh simulator (upstream None) or to `upstream`."""
+    from proxy.app import create_app
+
+    simulate = upstream is None
+    sim = Simulator(window) if simulate else None
+    with tempfile.TemporaryDirectory(prefix="ctxproxy-replay-") as tmp, _quiet_logs() as logs:
+        sim_server = ThreadedServer(sim, lifespan="off", name="simulator") if sim else None
+        try:
+            base = (sim_server.start() + "/v1") if sim_server else str(upstream)
+            settings = proxy_settings(config, base, tmp, sorted({t.model for t in traces}), window, simulate)
+            if route and settings.route(route) is None:
+                known = ", ".join(r.name for r in settings.routes)
+                raise ReplayError(f"unknown route {route!r}; configured routes: {known}", code=2)
+            path = f"/r/{route}/v1/chat/completions" if route else "/v1/chat/completions"
+            headers = {"content-type": "application/json"}
+            if authorization:
+                headers["authorization"] = authorization
+            with ThreadedServer(create_app(settings), name="ctxproxy") as proxy, \
+                    httpx.Client(base_url=proxy.url, headers=headers, trust_env=False,  # loopback: no env proxy
+                                 timeout=httpx.Timeout(900.0, connect=10.0)) as client:
+                sides, ids, sessions = [], [], []
+                for n, trace in enumerate(traces, 1):
+                    # One session per recorded run: two runs that open alike (same system prompt and first
+                    # user message) would otherwise share the session the proxy derives from them.
+                    sid = {"x-session-id": f"replay-{n}-{trace.name}"[:200]}
+                    for i in trace.turns():
+                        before = len(sim.log) if sim else 0
+                        side, rid, session = _send(client, path, trace.request(i), sid)
+                        if sim:
+                            _from_log(side, sim.log[before:])
+                        sides.append(side)
+                        ids.append(rid)
+                        if session and session not in sessions:
+                            sessions.append(session)
+                        tick()
+                if not simulate:
+                    _own_calls_from_timeline(client, sessions, ids, sides)
+        except RuntimeError as e:  # a server that did not start
+            raise ReplayError(str(e)) from None
+        finally:
+            if sim_server:
+                sim_server.stop()
+    return ProxyRun(sides, list(sim.log) if sim else None, logs.lines, sessions)
+
+
+def _send(client: httpx.Client, path: str, body: dict[str, Any],
+          headers: dict[str, str]) -> tuple[Side, str | None, str | None]:
+    try:
+        r = client.post(path, content=orjson.dumps(body), headers=headers)
+    except httpx.HTTPError as e:
+        return Side(status=None, error=f"no answer from the proxy ({type(e).__name__}: {e})"), None, None
+    side = Side(status=r.status_code, actions=_actions(r.headers))
+    if r.status_code == 200:
+        try:
+            u = parse_usage(orjson.loads(r.content).get("usage"))
+        except (orjson.JSONDecodeError, AttributeError):
+            u = None
+        side.billed = True
+        if u is not None:
+            side.prompt, side.cached = u.prompt, u.cached
+    else:
+        side.error, side.prompt = _error_code(r.content)
+    return side, r.headers.get("x-ctxproxy-request-id"), r.headers.get("x-ctxproxy-session")
+
+
+def _from_log(side: Side, records: Sequence[SimRecord]) -> None:
+    """What the simulator received during this turn: the agent's request(s) and the proxy's own calls."""
+    agent = [r for r in records if r.kind not in OWN_KINDS]
+    own = [r for r in records if r.kind in OWN_KINDS]
+    side.provider_requests = len(agent)
+    if agent:
+        last = agent[-1]
+        side.prompt, side.billed = last.prompt_tokens, last.billed
+        side.cached = last.cached_tokens if last.billed else None
+        if len(agent) > 1:
+            side.actions["retried"] = len(agent) - 1
+    else:
+        side.prompt, side.cached, side.billed = None, None, False
+    side.own_calls = len(own)
+    side.own_prompt = sum(r.prompt_tokens for r in own if r.billed)
+    side.own_cached = sum(r.cached_tokens for r in own if r.billed)
+
+
+def _own_calls_from_timeline(client: httpx.Client, sessions: list[str], ids: list[str | None],
+                             sides: list[Side]) -> None:
+    """With a real upstream, the proxy's own calls come from its accounting (written in the background)."""
+    wanted = {rid for rid in ids if rid}
+    entries: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for s in sessions:
+            try:
+                r = client.get(f"/ctx/v1/sessions/{s}")
+                if r.status_code == 200:
+                    for e in r.json().get("requests") or []:
+                        entries[e.get("request_id")] = e
+            except (httpx.HTTPError, ValueError):
+                pass
+        if wanted <= entries.keys():
+            break
+        time.sleep(0.1)
+    for rid, side in zip(ids, sides):
+        e = entries.get(rid or "")
+        if e:
+            side.own_calls = int(e.get("own_calls") or 0)
+            side.own_prompt = int(e.get("own_prompt") or 0)
+            side.own_cached = int(e.get("own_cached") or 0)
+
+
+def client_tokens(trace: Trace, i: int) -> int:
+    return default_counter.count_request(trace.request(i))

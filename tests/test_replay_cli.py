@@ -1,0 +1,305 @@
+"""`ctxproxy replay` and the built-in provider simulator (proxy/simulator.py), end to end.
+
+The baseline figures are checked against an independent implementation of the
+rules the simulator documents (rendering, o200k_base, window, OpenAI's prefix
+cache rule), written here without importing the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy import summarizer
+from proxy.encodings import ensure_encodings, get_encoding
+from proxy.replay import parse, run
+from proxy.replay.traces import example_paths
+from proxy.simulator import Simulator, ThreadedServer
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = example_paths()
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python -m proxy.cli ...` with no key and any outbound proxy pointing nowhere."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "NO_PROXY", "no_proxy")}
+    env.update(HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9", ALL_PROXY="http://127.0.0.1:9")
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "replay", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+# --------------------------------------------------------------------------- the independent reference
+
+def _text(content):
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for p in content:
+            if isinstance(p, dict) and isinstance(p.get("text"), str):
+                out.append(p["text"])
+            elif isinstance(p, dict) and p.get("type") in ("image_url", "input_image", "image"):
+                out.append("[image]")
+            else:
+                out.append(json.dumps(p, sort_keys=True))
+        return "\n".join(out)
+    return json.dumps(content, sort_keys=True)
+
+
+def _render(m):
+    s = f"<|{m.get('role', '')}|>" + (f" name={m['name']}" if m.get("name") else "") + "\n" + _text(m.get("content"))
+    for c in m.get("tool_calls") or []:
+        fn = c.get("function") or {}
+        s += f"\n<tool_call id={c.get('id')}>{fn.get('name')}({fn.get('arguments')})"
+    if m.get("tool_call_id"):
+        s += f"\n<tool_call_id={m['tool_call_id']}>"
+    return s + "<|end|>\n"
+
+
+def _prompt(enc, messages, tools):
+    pieces = (["<|tools|>" + json.dumps(tools)] if tools else []) + [_render(m) for m in messages]
+    return [t for piece in pieces for t in enc.encode_ordinary(piece)]
+
+
+def _lcp(a, b):
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def reference_baseline(paths, window):
+    """Per turn (status, prompt, cached) and the totals, straight from the documented rules."""
+    ensure_encodings()
+    enc = get_encoding("o200k_base")
+    earlier, rows = [], []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        messages, tools = data["messages"], data.get("tools")
+        for i, m in enumerate(messages):
+            if i == 0 or m["role"] != "assistant":
+                continue
+            toks = _prompt(enc, messages[:i], tools)
+            if len(toks) > window:
+                rows.append((400, len(toks), None))
+                continue
+            common = max((_lcp(toks, e) for e in earlier), default=0)
+            earlier.append(toks)
+            rows.append((200, len(toks), 0 if common < 1024 else common // 128 * 128))
+    ok = [r for r in rows if r[0] == 200]
+    prompt, cached = sum(r[1] for r in ok), sum(r[2] for r in ok)
+    return rows, {"turns": len(rows), "answered": len(ok), "rejected": len(rows) - len(ok),
+                  "provider_requests": len(rows), "prompt_tokens": prompt, "cached_tokens": cached,
+                  "effective_cost": round(prompt - cached + 0.1 * cached, 1), "own_calls": 0}
+
+
+# --------------------------------------------------------------------------- (a) it runs, labelled as a simulation
+
+def test_replay_simulate_prints_the_table_and_the_totals():
+    r = cli("--simulate", "28")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "SIMULATION" in out and "simulat" in out.lower()
+    assert "28_openhands-sdk_claude-sonnet-4_fncall" in out
+    for header in ("turn", "agent sent", "provider got", "cached", "what ctxproxy did"):
+        assert header in out
+    assert "totals over 6 turns of 1 trace" in out
+    for row in ("rejected (context_length_exceeded)", "prompt tokens billed", "cached tokens", "hit rate",
+                "effective cost (uncached + 0.1 x cached)", "no proxy", "ctxproxy"):
+        assert row in out
+    assert "status bar" in out  # what the proxy did, from its response headers
+    assert "Traceback" not in r.stderr
+
+
+def test_replay_without_traces_uses_the_shipped_examples():
+    r = cli("--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["simulated"] is True and "SIMULATION" in doc["note"]
+    assert [t["name"] for t in doc["traces"]] == [p.stem for p in EXAMPLES]
+    assert all(t["license"] == "MIT" and t["source"]["repo"] for t in doc["traces"])
+    assert all(p.stat().st_size < 100_000 for p in EXAMPLES) and len(EXAMPLES) >= 2
+
+
+# --------------------------------------------------------------------------- (b) the baseline, recomputed
+
+def test_no_proxy_baseline_matches_an_independent_count(tmp_path):
+    window = 8000  # the 24k-character tool result of example 07 does not fit: a rejection, and cache hits
+    r = cli("--simulate", "--window", str(window), "--json", *map(str, EXAMPLES))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    rows, totals = reference_baseline(EXAMPLES, window)
+    got = [(t["no_proxy"]["status"], t["no_proxy"]["prompt"], t["no_proxy"]["cached"]) for t in doc["turns"]]
+    assert got == rows
+    base = doc["totals"]["no_proxy"]
+    assert {k: base[k] for k in totals} == totals
+    assert totals["rejected"] >= 1 and totals["cached_tokens"] > 0
+    assert base["hit_rate"] == round(totals["cached_tokens"] / totals["prompt_tokens"], 4)
+    for t in doc["turns"]:  # the rejected turn: the simulator's error, OpenAI's code
+        if t["no_proxy"]["status"] == 400:
+            assert t["no_proxy"]["error"] == "context_length_exceeded"
+
+    # ctxproxy's totals (from the simulator's log) agree with its per-turn rows (from the responses and the log)
+    proxy = doc["totals"]["ctxproxy"]
+    sides = [t["ctxproxy"] for t in doc["turns"]]
+    billed = [s for s in sides if s["billed"]]
+    assert proxy["prompt_tokens"] == sum(s["prompt"] for s in billed) + sum(s["own_prompt"] for s in sides)
+    assert proxy["cached_tokens"] == sum(s["cached"] for s in billed) + sum(s["own_cached"] for s in sides)
+    assert proxy["answered"] + proxy["rejected"] + proxy["failed"] == proxy["turns"] == len(rows)
+    assert all(t["client_tokens"] > 0 and t["messages"] == t["index"] for t in doc["turns"])
+
+
+# --------------------------------------------------------------------------- (c) the plot
+
+def _png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, ihdr = 8, b"", None
+    while pos < len(data):
+        (n,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + n]
+        assert struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])[0] == zlib.crc32(kind + body) & 0xFFFFFFFF
+        if kind == b"IHDR":
+            ihdr = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    w, h, depth, colour, _, _, interlace = ihdr
+    assert depth == 8 and colour in (2, 6) and interlace == 0
+    bpp = 3 if colour == 2 else 4
+    raw, stride, prev, pixels, i = zlib.decompress(idat), w * bpp, bytearray(w * bpp), [], 0
+    for _ in range(h):  # undo the PNG row filters
+        f, line = raw[i], bytearray(raw[i + 1:i + 1 + stride])
+        i += 1 + stride
+        for x in range(stride):
+            a = line[x - bpp] if x >= bpp else 0
+            b, c = prev[x], prev[x - bpp] if x >= bpp else 0
+            if f == 1:
+                line[x] = (line[x] + a) & 255
+            elif f == 2:
+                line[x] = (line[x] + b) & 255
+            elif f == 3:
+                line[x] = (line[x] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        pixels += [tuple(line[x:x + 3]) for x in range(0, stride, bpp)]
+        prev = line
+    return w, h, pixels
+
+
+def test_plot_writes_a_png_with_both_lines(tmp_path):
+    out = tmp_path / "context.png"
+    r = cli("--simulate", "--window", "9000", "--plot", str(out))
+    assert r.returncode == 0, r.stderr
+    assert str(out) in r.stdout and "red: no proxy" in r.stdout
+    w, h, pixels = _png_pixels(out.read_bytes())
+    assert w >= 400 and h >= 200 and len(pixels) == w * h
+    colours = set(pixels)
+    assert len(colours) > 2
+    assert any(r_ > 150 and g < 100 and b < 100 for r_, g, b in colours)  # the no-proxy line
+    assert any(b > 150 and r_ < 100 for r_, g, b in colours)  # the ctxproxy line
+
+
+# --------------------------------------------------------------------------- (d) bad input: one line, exit 1
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"foo": 1}', '[{"role": "user", "content": "hi"}]', "42"])
+def test_a_bad_trace_is_one_line_and_exit_1(tmp_path, content):
+    path = tmp_path / "trace.json"
+    if content is not None:
+        path.write_text(content)
+    r = cli("--simulate", str(path))
+    assert r.returncode == 1
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"ctxproxy: cannot read trace {path}: ")
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_options_are_one_line():
+    r = cli("--simulate", "--route", "nope", "28")
+    assert r.returncode == 2 and r.stderr.strip() == "ctxproxy: unknown route 'nope'; configured routes: default"
+    r = cli("--upstream", "http://127.0.0.1:9/v1")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "TRACE" in r.stderr
+
+
+# --------------------------------------------------------------------------- the simulator itself
+
+def test_simulator_window_cache_and_summaries():
+    ensure_encodings()
+    sim = Simulator(window=3000)
+    system = {"role": "system", "content": "You are a careful agent. " * 300}
+    body = {"model": "m", "messages": [system, {"role": "user", "content": "first"}]}
+    status, first = sim.complete(body, "Bearer a")
+    assert status == 200 and first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert first["choices"][0]["message"]["content"] == "ok"
+    body["messages"].append({"role": "user", "content": "second"})
+    _, second = sim.complete(body, "Bearer a")
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 1024 and cached % 128 == 0 and cached <= first["usage"]["prompt_tokens"]
+    _, other_key = sim.complete(body, "Bearer b")  # another key: another cache
+    assert other_key["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+    body["messages"].append({"role": "user", "content": "x " * 3000})
+    status, err = sim.complete(body, "Bearer a")
+    assert status == 400 and err["error"]["code"] == "context_length_exceeded"
+    assert err["error"]["message"] == (
+        f"This model's maximum context length is 3000 tokens. However, your messages resulted in "
+        f"{sim.log[-1].prompt_tokens} tokens. Please reduce the length of the messages.")
+
+    transcript = ("<transcript>\n### user\nFix the failing test in src/app/models.py\n\n### assistant\nI will run "
+                  "pytest first\n\n### tool result (bash)\nFAILED tests/test_models.py::test_save - KeyError\n"
+                  "</transcript>")
+    status, s = sim.complete({"model": "m", "max_tokens": 2000, "messages": [
+        {"role": "system", "content": summarizer.SYSTEM_PROMPT}, {"role": "user", "content": transcript}]})
+    text = s["choices"][0]["message"]["content"]
+    assert status == 200 and "simulated" in text
+    assert [line[3:] for line in text.splitlines() if line.startswith("## ")] == list(summarizer.SECTIONS)
+    assert "src/app/models.py" in text and "KeyError" in text
+    assert [r.kind for r in sim.log] == ["turn", "turn", "turn", "turn", "summary"]
+
+
+def test_simulator_over_http_streams_with_usage():
+    with ThreadedServer(Simulator(), lifespan="off") as server, httpx.Client(trust_env=False) as client:
+        body = {"model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": "hello"}]}
+        r = client.post(server.url + "/v1/chat/completions", json=body)
+        assert r.status_code == 200 and r.headers["x-ctxproxy-simulated"] == "1"
+        events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "ok"
+        assert chunks[-1]["usage"]["prompt_tokens"] > 0
+        assert client.post(server.url + "/v1/embeddings", json={}).status_code == 404
+
+
+def test_replay_to_an_upstream_counts_the_proxys_own_calls(tmp_path, capsys):
+    """--upstream: the proxy's summarizer calls come from its accounting; they match what the provider received."""
+    config = tmp_path / "c.yaml"
+    config.write_text("defaults:\n  compress: {keep_recent_tokens: 1500}\n")
+    upstream = Simulator(window=6000)
+    trace = next(p for p in EXAMPLES if p.name.startswith("21_"))
+    with ThreadedServer(upstream, lifespan="off") as server:
+        code = run(parse(["--upstream", server.url + "/v1", "--window", "6000", "--config", str(config),
+                          "--json", str(trace)]))
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["simulated"] is False and "SIMULATED" in doc["note"]  # the baseline still is
+    own = [r for r in upstream.log if r.kind == "summary"]
+    proxy = doc["totals"]["ctxproxy"]
+    assert own and proxy["own_calls"] == len(own)
+    assert proxy["own_prompt_tokens"] == sum(r.prompt_tokens for r in own)
+    assert proxy["prompt_tokens"] == sum(r.prompt_tokens for r in upstream.log if r.status == 200)
+    assert sum(proxy["compactions"].values()) >= 1
