@@ -157,7 +157,8 @@ def billable_cached(common_prefix: int) -> int:
     return 0 if common_prefix < CACHE_MIN_TOKENS else common_prefix // CACHE_BLOCK * CACHE_BLOCK
 
 
-def _common_prefix_len(a: Chunk, b: Chunk) -> int:
+def common_prefix_len(a: Chunk, b: Chunk) -> int:
+    """Early-exit LCP; slice comparisons (C speed) skip long equal runs quickly."""
     n, i = min(len(a), len(b)), 0
     while i + 256 <= n and a[i:i + 256] == b[i:i + 256]:
         i += 256
@@ -166,33 +167,53 @@ def _common_prefix_len(a: Chunk, b: Chunk) -> int:
     return i
 
 
+class _Node:
+    __slots__ = ("children", "last_used")
+
+    def __init__(self, now: float) -> None:
+        self.children: dict[Chunk, _Node] = {}
+        self.last_used = now
+
+
 class PrefixCache:
     """Earlier prompts per cache scope, as a trie of per-message token chunks.
 
     One dict lookup per message, so replaying long trajectories stays linear;
-    only the first differing message is compared token by token. (Caveat: when
-    a message is a strict token prefix of the earlier one at that position,
+    only the first differing message is compared token by token. A node's
+    `last_used` is refreshed by every prompt passing through it, so `ttl`
+    expires prefixes after inactivity, like OpenAI's cache. (Caveat: when a
+    message is a strict token prefix of the earlier one at that position,
     matching stops at the message boundary; with every message ending in
-    ``<|end|>`` this does not arise in practice.)
+    ``<|end|>`` this does not arise in practice.) The test suite's mock
+    provider uses this same class.
     """
 
     def __init__(self) -> None:
-        self._roots: dict[tuple[str, str], dict[Chunk, Any]] = {}
+        self._roots: dict[tuple[str, str], _Node] = {}
 
-    def match_and_store(self, scope: tuple[str, str], chunks: Sequence[Chunk]) -> int:
-        """Longest common token prefix with any earlier prompt of the scope; then remember this one."""
-        node = self._roots.setdefault(scope, {})
+    def clear(self) -> None:
+        self._roots.clear()
+
+    def match_and_store(self, scope: tuple[str, str], chunks: Sequence[Chunk], now: float = 0.0,
+                        ttl: float | None = None) -> int:
+        """Longest common token prefix with any live earlier prompt of the scope; then remember this one."""
+        node = self._roots.setdefault(scope, _Node(now))
         matched, matching = 0, True
         for chunk in chunks:
-            child = node.get(chunk)
+            child = None
             if matching:
+                if ttl is not None:
+                    for key in [k for k, c in node.children.items() if now - c.last_used > ttl]:
+                        del node.children[key]
+                child = node.children.get(chunk)
                 if child is not None:
                     matched += len(chunk)
                 else:
-                    matched += max((_common_prefix_len(chunk, k) for k in node), default=0)
+                    matched += max((common_prefix_len(chunk, k) for k in node.children), default=0)
                     matching = False
             if child is None:
-                child = node[chunk] = {}
+                child = node.children[chunk] = _Node(now)
+            child.last_used = now
             node = child
         return matched
 

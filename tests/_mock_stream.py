@@ -3,7 +3,7 @@
 Two parts: the wire shapes (what OpenAI actually sends, field by field, for
 completions, SSE chunks, embeddings and Responses) and the prompt side
 (offline o200k_base, deterministic request rendering, and the prefix trie
-behind prompt-cache accounting). Only PrefixCache holds state.
+behind prompt-cache accounting, shared with proxy/simulator.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ import tiktoken.load
 
 SYSTEM_FINGERPRINT = "fp_mock0001"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
-CACHE_MIN_TOKENS = 1024  # OpenAI: no cache hit below this prefix length
-CACHE_BLOCK = 128  # ... and hits grow in 128-token steps
+# What a request costs and what it shares with earlier ones: the product's provider
+# simulator defines both (proxy/simulator.py); the mock reuses them, not a second copy.
+from proxy.simulator import (  # noqa: E402
+    CACHE_BLOCK, CACHE_MIN_TOKENS, PrefixCache, billable_cached, common_prefix_len, render_message)
 Chunk = tuple[int, ...]
 
 
@@ -271,46 +273,6 @@ def tokens(text: str) -> Chunk:
     return hit
 
 
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "prompt_cache_breakpoint":
-                continue  # a cache marker, not content
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                out.append(part["text"])
-            elif isinstance(part, dict) and part.get("type") == "image_url":
-                out.append("[image]")
-            else:
-                out.append(json.dumps(part, sort_keys=True))
-        return "\n".join(out)
-    return json.dumps(content, sort_keys=True)
-
-
-def render_message(msg: Any) -> str:
-    """Deterministic text for one message: role, name, content, tool_calls, tool_call_id."""
-    if not isinstance(msg, dict):
-        return f"<|invalid|>{json.dumps(msg)}<|end|>\n"
-    head = f"<|{msg.get('role', '')}|>"
-    if msg.get("name"):
-        head += f" name={msg['name']}"
-    parts = [head, "\n", _content_text(msg.get("content"))]
-    for call in msg.get("tool_calls") or []:
-        fn = call.get("function") if isinstance(call, dict) else None
-        if isinstance(fn, dict):
-            parts.append(f"\n<tool_call id={call.get('id')}>{fn.get('name')}({fn.get('arguments')})")
-        else:
-            parts.append(f"\n<tool_call>{json.dumps(call, sort_keys=True)}")
-    if msg.get("tool_call_id"):
-        parts.append(f"\n<tool_call_id={msg['tool_call_id']}>")
-    parts.append("<|end|>\n")
-    return "".join(parts)
-
-
 def prompt_chunks(body: dict[str, Any]) -> list[Chunk]:
     """Token chunks of a chat request: one for `tools` if any, then one per message.
 
@@ -325,72 +287,6 @@ def prompt_chunks(body: dict[str, Any]) -> list[Chunk]:
 def prompt_token_ids(body: dict[str, Any]) -> list[int]:
     """The flat prompt token list the mock bills for `body` (tests recompute cache hits)."""
     return [t for c in prompt_chunks(body) for t in c]
-
-
-def billable_cached(common_prefix: int) -> int:
-    """OpenAI's rule: 0 under 1024 tokens, else rounded down to a multiple of 128."""
-    return 0 if common_prefix < CACHE_MIN_TOKENS else common_prefix // CACHE_BLOCK * CACHE_BLOCK
-
-
-def common_prefix_len(a: Chunk, b: Chunk) -> int:
-    """Early-exit LCP; slice comparisons (C speed) skip long equal runs quickly."""
-    n, i = min(len(a), len(b)), 0
-    while i + 256 <= n and a[i:i + 256] == b[i:i + 256]:
-        i += 256
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-# --------------------------------------------------------------------------- prompt cache
-
-class _Node:
-    __slots__ = ("children", "last_used")
-
-    def __init__(self, now: float) -> None:
-        self.children: dict[Chunk, _Node] = {}
-        self.last_used = now
-
-
-class PrefixCache:
-    """Earlier prompts per cache scope, as a trie of per-message token chunks.
-
-    Walking the trie costs one dict lookup per message, so a 300-turn replay of
-    100k-token prompts stays linear; only the first differing message is
-    compared token by token. A node's `last_used` is refreshed by every prompt
-    that passes through it, so `ttl` expires prefixes after inactivity, like
-    OpenAI's cache. (Exactness caveat: if a message is a strict token prefix of
-    the earlier one at that position, matching stops at the message boundary.)
-    """
-
-    def __init__(self) -> None:
-        self._roots: dict[tuple[str, str], _Node] = {}
-
-    def clear(self) -> None:
-        self._roots.clear()
-
-    def match_and_store(self, scope: tuple[str, str], chunks: list[Chunk], now: float,
-                        ttl: float | None) -> int:
-        """Longest common token prefix with any live earlier prompt; then remember this one."""
-        node = self._roots.setdefault(scope, _Node(now))
-        matched, matching = 0, True
-        for chunk in chunks:
-            child = None
-            if matching:
-                if ttl is not None:
-                    for key in [k for k, c in node.children.items() if now - c.last_used > ttl]:
-                        del node.children[key]
-                child = node.children.get(chunk)
-                if child is not None:
-                    matched += len(chunk)
-                else:
-                    matched += max((common_prefix_len(chunk, k) for k in node.children), default=0)
-                    matching = False
-            if child is None:
-                child = node.children[chunk] = _Node(now)
-            child.last_used = now
-            node = child
-        return matched
 
 
 def _marked(obj: Any) -> bool:
