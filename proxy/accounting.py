@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,10 +32,42 @@ FIELDS = ("requests", "errors", "prompt", "cached", "reported_prompt", "cacheabl
 
 
 SESSIONS_PREFIX = "sessions:"  # counters sessions:{tenant}:{session} = requests: the session index
+SESSION_STATS_PREFIX = "sessstat:"  # counters sessstat:{tenant}:{session}|{prompt,cached,breaks}
+FLUSH_DELAY = 0.05  # seconds a batch gathers requests before one round of store writes
 
 
 def session_key(tenant: str, session: str) -> str:
     return f"t:{tenant}:session:{session}"
+
+
+async def session_summaries(store: Store, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """What /ctx/v1/sessions shows per session, assembled from counters and blind-written records
+    (no read-modify-write, so concurrent requests of one session never lose an update)."""
+    if not pairs:
+        return []
+    keys = [session_key(t, s) for t, s in pairs]
+    metas = await store.get_many(keys)
+    firsts = await store.get_many([k + ":first" for k in keys])
+    breaks = await store.get_many([k + ":break" for k in keys])
+    tenants = {t for t, _ in pairs}
+    stats: dict[str, int | float] = {}
+    for t in tenants:
+        stats.update(await store.counters(f"{SESSION_STATS_PREFIX}{t}:"))
+    requests: dict[str, int | float] = {}
+    for t in tenants:
+        requests.update(await store.counters(f"{SESSIONS_PREFIX}{t}:"))
+    out = []
+    for (t, s), meta, first, brk in zip(pairs, metas, firsts, breaks):
+        if meta is None:
+            continue
+        row = orjson.loads(meta)
+        base = f"{SESSION_STATS_PREFIX}{t}:{s}|"
+        row.update(first=orjson.loads(first) if first else row.get("last"),
+                   requests=requests.get(f"{SESSIONS_PREFIX}{t}:{s}", 0),
+                   prompt=stats.get(base + "prompt", 0), cached=stats.get(base + "cached", 0),
+                   breaks=stats.get(base + "breaks", 0), last_break=orjson.loads(brk) if brk else None)
+        out.append(row)
+    return out
 
 
 def timeline_key(tenant: str, session: str) -> str:
@@ -62,7 +94,9 @@ class Accountant:
     def __init__(self, store: Store, metrics: Metrics) -> None:
         self.store, self.metrics = store, metrics
         self._traces: OrderedDict[tuple[str, str], Trace] = OrderedDict()
-        self._tasks: set[asyncio.Task] = set()
+        self._batch = _Batch()
+        self._flusher: asyncio.Task | None = None
+        self._firsts_written: set[str] = set()
 
     def trace(self, conv: Conversation, ctx: RequestContext) -> Trace:
         model = conv.body.get("model")
@@ -106,9 +140,7 @@ class Accountant:
         except Exception:  # accounting must never be the reason a request fails
             log.exception("accounting failed", extra={"fields": {"request_id": ctx.request_id}})
             return
-        task = asyncio.get_running_loop().create_task(self._write(ctx, trace, entry))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._queue(ctx, trace, entry)
 
     def _entry(self, ctx: RequestContext, conv: Conversation, check: PrefixCheck, o: Outcome) -> dict[str, Any]:
         u = o.usage
@@ -155,8 +187,8 @@ class Accountant:
         if o.upstream_s:
             m.upstream.labels(*labels).observe(o.upstream_s)
 
-    async def _write(self, ctx: RequestContext, trace: Trace, e: dict[str, Any]) -> None:
-        base = f"t:{ctx.tenant}:s:{ctx.session}"
+    def _queue(self, ctx: RequestContext, trace: Trace, e: dict[str, Any]) -> None:
+        """Fold one request into the pending batch: counters add up, the latest trace and meta win."""
         values = {
             "requests": 1, "errors": int(e["status"] >= 400), "prompt": e["prompt"] or 0,
             "cached": e["cached"] or 0, "reported_prompt": (e["prompt"] or 0) if e["cached"] is not None else 0,
@@ -165,27 +197,65 @@ class Accountant:
             "saved_compress": e["saved_compress"], "breaks": int(bool(e["break"])),
             "offloads": e["offloaded"], "compactions": int(bool(e["compacted"])),
         }
-        hour = int(e["ts"] // HOUR)
         group = f"{stats_prefix(ctx.tenant)}{ctx.route.name}|{ctx.model or ''}"
-        amounts = {f"{group}|{bucket}|{k}": v for bucket in ("all", f"h{hour}") for k, v in values.items() if v}
-        amounts[f"{SESSIONS_PREFIX}{ctx.tenant}:{ctx.session}"] = 1
-        try:
-            await self.store.put_json(f"{base}:trace", trace.to_json(), ttl=RETENTION)
-            await self.store.incr_many(amounts)
-            await self.store.append_log(timeline_key(ctx.tenant, ctx.session), orjson.dumps(e), max_len=TIMELINE_MAX, ttl=RETENTION)
-            summary = await self.store.get_json(session_key(ctx.tenant, ctx.session)) or {
-                "session": ctx.session, "first": e["ts"], "requests": 0, "prompt": 0, "cached": 0, "breaks": 0}
-            summary.update(last=e["ts"], route=ctx.route.name, model=ctx.model, requests=summary["requests"] + 1,
-                           prompt=summary["prompt"] + (e["prompt"] or 0), cached=summary["cached"] + (e["cached"] or 0),
-                           breaks=summary["breaks"] + int(bool(e["break"])), last_break=e["break"] or summary.get("last_break"))
-            await self.store.put_json(session_key(ctx.tenant, ctx.session), summary, ttl=RETENTION)
-        except StoreError as err:
-            event("accounting not stored: store unavailable", request_id=ctx.request_id, error=str(err))
+        b = self._batch
+        for bucket in ("all", f"h{int(e['ts'] // HOUR)}"):
+            for k, v in values.items():
+                if v:
+                    b.amounts[f"{group}|{bucket}|{k}"] += v
+        sess = f"{ctx.tenant}:{ctx.session}"
+        b.amounts[f"{SESSIONS_PREFIX}{sess}"] += 1
+        for k in ("prompt", "cached", "breaks"):
+            if values[k]:
+                b.amounts[f"{SESSION_STATS_PREFIX}{sess}|{k}"] += values[k]
+        b.traces[f"t:{ctx.tenant}:s:{ctx.session}:trace"] = trace.to_json()
+        b.metas[session_key(ctx.tenant, ctx.session)] = {"session": ctx.session, "route": ctx.route.name,
+                                                         "model": ctx.model, "last": e["ts"]}
+        b.firsts.setdefault(session_key(ctx.tenant, ctx.session) + ":first", e["ts"])
+        if e["break"]:
+            b.breaks[session_key(ctx.tenant, ctx.session) + ":break"] = e["break"]
+        b.logs.append((timeline_key(ctx.tenant, ctx.session), orjson.dumps(e)))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        """Write what accumulated, in few store operations: under load a batch holds many requests."""
+        await asyncio.sleep(FLUSH_DELAY)
+        while self._batch.logs:
+            b, self._batch = self._batch, _Batch()
+            try:
+                await self.store.incr_many(dict(b.amounts))
+                for key, value in b.traces.items():
+                    await self.store.put_json(key, value, ttl=RETENTION)
+                for key, value in b.metas.items():
+                    await self.store.put_json(key, value, ttl=RETENTION)
+                for key, value in b.breaks.items():
+                    await self.store.put_json(key, value, ttl=RETENTION)
+                for key, ts in b.firsts.items():
+                    if key not in self._firsts_written:
+                        await self.store.put_json_if_absent(key, ts, ttl=RETENTION)
+                        if len(self._firsts_written) > _TRACES_CACHED:
+                            self._firsts_written.clear()
+                        self._firsts_written.add(key)
+                for key, raw in b.logs:
+                    await self.store.append_log(key, raw, max_len=TIMELINE_MAX, ttl=RETENTION)
+            except StoreError as err:
+                event("accounting not stored: store unavailable", requests=len(b.logs), error=str(err))
 
     async def drain(self) -> None:
         """Wait for pending writes (shutdown, tests)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.gather(self._flusher, return_exceptions=True)
+
+
+@dataclass
+class _Batch:
+    amounts: defaultdict[str, int | float] = field(default_factory=lambda: defaultdict(int))
+    traces: dict[str, Any] = field(default_factory=dict)
+    metas: dict[str, Any] = field(default_factory=dict)
+    breaks: dict[str, str] = field(default_factory=dict)
+    firsts: dict[str, float] = field(default_factory=dict)
+    logs: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 def usage_from_events(conv: Conversation) -> list[tuple[str, Usage]]:

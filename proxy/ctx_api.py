@@ -12,7 +12,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from proxy.accounting import SESSIONS_PREFIX, session_key, timeline_key
+from proxy.accounting import SESSIONS_PREFIX, session_summaries, timeline_key
 from proxy.admin import scope_of
 from proxy.archive import Archive
 from proxy.errors import NotFound, StoreUnavailable, Unauthorized
@@ -63,12 +63,9 @@ async def _sessions(request: Request) -> list[tuple[str, str]]:
 
 async def list_sessions(request: Request) -> Response:
     try:
-        pairs = await _sessions(request)
-        store = state_of(request).store
-        raws = await store.get_many([session_key(t, s) for t, s in pairs])
+        rows = await session_summaries(state_of(request).store, await _sessions(request))
     except StoreError:
         raise StoreUnavailable("the proxy's store is unreachable") from None
-    rows = [orjson.loads(r) for r in raws if r]
     rows.sort(key=lambda r: r.get("last", 0), reverse=True)
     return _json({"sessions": rows[:RECENT_SESSIONS]})
 
@@ -81,7 +78,7 @@ async def get_session(request: Request) -> Response:
             raise NotFound(f"no session {wanted!r} visible to this key", code="session_not_found")
         tenant = match[0][0]
         store = state_of(request).store
-        summary = await store.get_json(session_key(tenant, wanted))
+        (summary,) = await session_summaries(store, [(tenant, wanted)]) or (None,)
         timeline = [orjson.loads(x) for x in await store.read_log(timeline_key(tenant, wanted))]
     except StoreError:
         raise StoreUnavailable("the proxy's store is unreachable") from None

@@ -145,3 +145,18 @@ def test_figures_survive_restart_and_add_up_across_replicas(upstream, tmp_path):
     with ProxyServer(cfg) as p3:
         totals = get(p3, "/ctx/v1/stats", key=key)["totals"]["all"]
     assert totals["requests"] == 4 and totals["prompt"] == sum(r.usage["prompt_tokens"] for r in upstream.requests)
+
+
+def test_session_summary_counts_every_concurrent_request(proxy, upstream):
+    import asyncio
+
+    async def burst() -> None:
+        async with httpx.AsyncClient(timeout=30) as c:
+            await asyncio.gather(*[c.post(proxy.url + "/v1/chat/completions",
+                                          headers={"authorization": "Bearer sk-burst", "x-session-id": "burst"},
+                                          json={"model": "gpt-4o", "messages": conversation(1)}) for _ in range(40)])
+
+    asyncio.run(burst())
+    summary = get(proxy, "/ctx/v1/sessions/burst", key="sk-burst")["summary"]
+    assert summary["requests"] == 40
+    assert summary["prompt"] == sum(r.usage["prompt_tokens"] for r in upstream.requests)

@@ -78,6 +78,10 @@ class Compress:
         counts = default_counter.message_counts(raw, model, digests)
         fixed = default_counter.count_tools(conv.body.get("tools"), model) + REPLY_PRIMING_TOKENS \
             + reserve_tokens(conv.body)
+        if sum(counts) + fixed <= s.trigger * ctx.window:
+            # A session's history only grows, and a compaction needs it over the trigger: a request
+            # under it has no record to replay, so the store is not even asked.
+            return conv
         log = CompactionLog(ctx.store, ctx.tenant, ctx.session, s.retention_days * SECONDS_PER_DAY)
         view = await self._replayed(log, raw, digests, counts, model)
         if sum(view.counts) + fixed > s.trigger * ctx.window:

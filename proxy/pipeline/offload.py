@@ -28,6 +28,7 @@ from proxy.tokens import default_counter
 # can never have been offloaded, so they are not even looked up.
 MIN_THRESHOLD_TOKENS = 256
 DECISION_KIND = "offload"
+_USER_SHARE_FACTOR = 2  # a user message may take twice the window share a tool result may
 _DECISION_CACHE = 100_000  # (tenant, handle) decisions remembered in process
 
 
@@ -42,8 +43,8 @@ class OffloadSettings(BaseModel):
     preview_line_chars: int = Field(default=200, ge=40)  # each preview line cut to this many characters
     preview_max_share: float = Field(default=0.25, gt=0, lt=1)  # a preview costs at most this share of the original
     retention_days: float = Field(default=7, gt=0)  # how long stored text stays readable
-    # Thresholds never exceed this share of the model's window, so a small local model
-    # gets early offloading without retuning (32k window: tool results over 8k tokens).
+    # Thresholds never exceed this share of the model's window (twice it for user messages), so a
+    # small local model gets early offloading without retuning (32k window: tool results over 8k tokens).
     max_window_share: float = Field(default=0.25, gt=0, le=1)
 
 
@@ -148,8 +149,11 @@ class Offload:
     async def _decide(self, archive: Archive, conv: Conversation, message: dict[str, Any], handle: str, text: str,
                       what: str, read_name: str, window: int) -> dict[str, Any] | None:
         s = self.settings
-        limit = s.user_message_tokens if message.get("role") == "user" else s.tool_result_tokens
-        limit = max(MIN_THRESHOLD_TOKENS, min(limit, int(window * s.max_window_share)))
+        if message.get("role") == "user":  # the task itself: offloaded only when truly huge for the window
+            limit = min(s.user_message_tokens, int(window * s.max_window_share * _USER_SHARE_FACTOR))
+        else:
+            limit = min(s.tool_result_tokens, int(window * s.max_window_share))
+        limit = max(MIN_THRESHOLD_TOKENS, limit)
         model = conv.body.get("model")
         tokens = default_counter.count_message(message, model)
         if tokens <= limit:

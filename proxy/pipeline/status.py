@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy.compaction import reserve_tokens
 from proxy.conversation import Conversation, Event, RequestContext
-from proxy.tokens import default_counter
+from proxy.tokens import REPLY_PRIMING_TOKENS, default_counter
 from proxy.trajectory import (DEFAULT_ERROR_PATTERN, STATUS_OPEN, TodoShape, Trajectory, analyze, is_status,
                               looks_like_error)
 
@@ -144,7 +144,9 @@ class StatusBar:
         clock = await ctx.store.get_json(clock_key) or {"first": now, "last": now}
         await ctx.store.put_json(clock_key, {"first": clock["first"], "last": now})
         model = conv.body.get("model")
-        used = default_counter.count_messages(conv.messages, model) + default_counter.count_tools(conv.body.get("tools"), model)
+        msgs = conv.messages
+        used = sum(default_counter.message_counts(msgs, model, [conv.digest(m) for m in msgs])) \
+            + REPLY_PRIMING_TOKENS + default_counter.count_tools(conv.body.get("tools"), model)
         text = self.render(traj, conv, ctx.window, used, now - clock["first"], now - clock["last"], now)
         status = {"role": self.settings.role, "content": text}
         if used + default_counter.count_message(status, model) + reserve_tokens(conv.body) > ctx.window:
