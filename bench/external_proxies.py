@@ -64,8 +64,13 @@ class External:
     venv_name: str | None = None  # default: the requirement's distribution name
 
     @property
+    def dist(self) -> str:
+        """The distribution name: the requirement without its extras and pin."""
+        return self.requirement.split("==", 1)[0].split("[", 1)[0]
+
+    @property
     def venv(self) -> str:
-        return os.path.join(VENVS, self.venv_name or self.requirement.split("==", 1)[0])
+        return os.path.join(VENVS, self.venv_name or self.dist)
 
     @property
     def bin(self) -> str:
@@ -98,7 +103,7 @@ def _pip_version(e: External) -> str | None:
     py = os.path.join(e.venv, "bin", "python")
     if not os.path.exists(py):
         return None
-    dist = e.requirement.split("==", 1)[0]
+    dist = e.dist
     try:
         out = subprocess.run([py, "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
                              capture_output=True, text=True, timeout=60)
@@ -130,6 +135,9 @@ def ensure_installed(e: External, log: Callable[[str], None] = lambda s: None) -
             raise ExternalUnavailable(f"{' '.join(cmd)}: {err}") from None
         if out.returncode != 0:
             text = "\n".join(x for x in (out.stdout.strip(), out.stderr.strip()) if x)
+            # pip's notes about unreachable local index folders (this machine's pip.conf) bury the error
+            text = "\n".join(line for line in text.splitlines()
+                             if not (line.startswith("WARNING: Location '") and "is ignored" in line))
             raise ExternalUnavailable(f"{' '.join(cmd)} exited {out.returncode}:\n{text[-3000:]}")
     have = _pip_version(e)
     if have != want or not os.path.exists(e.bin):

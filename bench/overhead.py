@@ -47,8 +47,21 @@ the long conversation; the proxy enforces no window of its own).
 Timings are printed, never asserted. Target, for context: added median under
 2 ms for a small request.
 
-Usage: ``python bench/overhead.py [--quick] [--json PATH]`` from the repo root
-(``--proxy-cmd``, ``--keep-log``, ``--max-seconds``: see ``--help``).
+With ``--litellm`` a third target joins the same run: LiteLLM's proxy
+(``litellm[proxy]``, pinned, see ``LITELLM_REQUIREMENT``), pip-installed by the
+benchmark into its own virtualenv ``bench/.venvs/litellm`` (gitignored) the first
+time and reused after, started as its users run it (``litellm --config FILE
+--host --port``: uvicorn, one worker) with a config that makes it a plain
+pass-through to the same mock (``model_name: "*"`` -> ``openai/*`` at the mock's
+URL; no database, no callbacks, telemetry off, the cost map read from the
+package, a master key equal to the benchmark's bearer token because LiteLLM
+refuses to start without one). Every scenario then interleaves direct /
+ctxproxy / LiteLLM (rotating which goes first), and a second table gives each
+proxy's added latency and ratio against direct. When LiteLLM cannot be installed
+or started, the exact error is printed and the run goes on without it.
+
+Usage: ``python bench/overhead.py [--quick] [--litellm] [--json PATH]`` from the
+repo root (``--proxy-cmd``, ``--keep-log``, ``--max-seconds``: see ``--help``).
 """
 
 from __future__ import annotations
@@ -90,6 +103,12 @@ SMALL_MESSAGES = [
 ]
 CONCURRENCY = 16
 TARGET_ADDED_MEDIAN_MS = 2.0
+# LiteLLM's proxy, pinned. Newer releases do not install from the package index here:
+# 1.110.x's `proxy` extra pins `litellm-proxy==<same version>`, 1.108.8-1.108.14 pin
+# `litellm-enterprise==0.1.79.post2` / `litellm-proxy-extras==0.4.110.post1`, none of
+# which the index has; 1.108.4 installs on CPython 3.11 (`pip install --dry-run`).
+LITELLM_REQUIREMENT = "litellm[proxy]==1.108.4"
+LITELLM_START_TIMEOUT = 120.0
 
 FULL = dict(small=1000, small_warm=200, stream=500, stream_warm=50, c16=3000, c16_batches=6,
             c16_warm=320, long=50, long_warm=5)
@@ -218,6 +237,9 @@ class Processes:
         self.proxy_log = os.path.join(tmp, "proxy.log")
         self.mock_url = ""
         self.proxy_url = ""
+        self.litellm: subprocess.Popen[bytes] | None = None
+        self.litellm_log = os.path.join(tmp, "litellm.log")
+        self.litellm_info: dict[str, Any] = {}
 
     def start_mock(self) -> str:
         self.mock = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-mock"],
@@ -249,7 +271,54 @@ class Processes:
         self.proxy_url = f"http://127.0.0.1:{port}"
         return self.proxy_url
 
+    def start_litellm(self, requirement: str) -> str:
+        """LiteLLM's proxy in its own venv (installed on first use) as a pass-through to the mock.
+
+        Returns its base URL (without /v1); raises ExternalUnavailable with the exact error text."""
+        import yaml
+        import external_proxies as ext
+
+        spec = ext.External("litellm", requirement, "litellm", lambda *a: [])
+        self.litellm_info["requirement"] = requirement
+        self.litellm_info.update(ext.ensure_installed(
+            spec, log=lambda m: print(f"  litellm: {m} (one-off, about a minute)", flush=True)))
+        port = free_port()
+        config = {
+            "model_list": [{"model_name": "*", "litellm_params": {
+                "model": "openai/*", "api_base": self.mock_url, "api_key": "sk-bench-upstream"}}],
+            "litellm_settings": {"callbacks": [], "success_callback": [], "failure_callback": [],
+                                 "num_retries": 0, "request_timeout": 120},
+            "general_settings": {"master_key": AUTH["authorization"].split(" ", 1)[1],
+                                 "disable_spend_logs": True, "disable_error_logs": True,
+                                 "background_health_checks": False},
+        }
+        path = os.path.join(self.tmp, "litellm.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(config, f, sort_keys=False)
+        cmd = [spec.bin, "--config", path, "--host", "127.0.0.1", "--port", str(port)]
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("LITELLM_", "OPENAI_", "CTXPROXY_", "PYTHON", "DATABASE_URL"))}
+        home = os.path.join(self.tmp, "litellm-home")
+        os.makedirs(home, exist_ok=True)
+        env.update(HOME=home, LITELLM_TELEMETRY_DISABLED="true", LITELLM_LOCAL_MODEL_COST_MAP="True",
+                   NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+        self.litellm_info["command"] = " ".join(
+            ["LITELLM_TELEMETRY_DISABLED=true", "LITELLM_LOCAL_MODEL_COST_MAP=True", *cmd])
+        self.litellm_info["config"] = config
+        log = open(self.litellm_log, "wb")
+        self.litellm = subprocess.Popen(cmd, cwd=self.tmp, env=env, stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return f"http://127.0.0.1:{port}"
+
     def stop(self) -> None:
+        if self.litellm is not None and self.litellm.poll() is None:
+            self.litellm.send_signal(signal.SIGINT)
+            try:
+                self.litellm.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.litellm.kill()
+                self.litellm.wait(timeout=5)
         if self.proxy is not None and self.proxy.poll() is None:
             self.proxy.send_signal(signal.SIGINT)
             try:
@@ -267,8 +336,13 @@ class Processes:
                 self.mock.wait(timeout=5)
 
 
+class NotHealthy(SystemExit):
+    """A proxy exited or did not answer its health check in time (message: the reason and its log's tail).
+    A SystemExit, as before, for the scripts that reuse `wait_healthy` (bench/load.py)."""
+
+
 async def wait_healthy(session: Any, url: str, proc: subprocess.Popen[bytes], log_path: str,
-                       timeout: float = 30.0) -> None:
+                       timeout: float = 30.0, path: str = "/healthz", what: str = "proxy") -> None:
     import aiohttp
 
     deadline = time.monotonic() + timeout
@@ -276,15 +350,17 @@ async def wait_healthy(session: Any, url: str, proc: subprocess.Popen[bytes], lo
         if proc.poll() is not None:
             with open(log_path, errors="replace") as f:
                 tail = f.read()[-2000:]
-            raise SystemExit(f"proxy exited with {proc.returncode}:\n{tail}")
+            raise NotHealthy(f"{what} exited with {proc.returncode}:\n{tail}")
         try:
-            async with session.get(url + "/healthz") as r:
+            async with session.get(url + path) as r:
                 if r.status == 200:
                     return
         except aiohttp.ClientError:
             pass
         await asyncio.sleep(0.05)
-    raise SystemExit(f"proxy not healthy after {timeout:.0f} s")
+    with open(log_path, errors="replace") as f:
+        tail = f.read()[-2000:]
+    raise NotHealthy(f"{what} not healthy after {timeout:.0f} s:\n{tail}")
 
 
 # --------------------------------------------------------------------------- CPU accounting
@@ -307,7 +383,10 @@ class CpuMeter:
     def __init__(self, procs: Processes) -> None:
         self.pids = {"proxy": procs.proxy.pid if procs.proxy else 0,
                      "mock": procs.mock.pid if procs.mock else 0}
-        self.used: dict[str, float] = {"proxy": 0.0, "mock": 0.0, "client": 0.0}
+        if procs.litellm is not None and procs.litellm.poll() is None:
+            self.pids["litellm"] = procs.litellm.pid
+        self.used: dict[str, float] = {k: 0.0 for k in self.pids}
+        self.used["client"] = 0.0
         self._t0: dict[str, int | None] = {}
 
     def start(self) -> None:
@@ -321,12 +400,16 @@ class CpuMeter:
                 self.used[k] += (now - before) / 1e6
         self.used["client"] += (time.process_time_ns() - (self._t0["client"] or 0)) / 1e6
 
-    def per_request(self, n_proxied: int, n_direct: int) -> dict[str, float]:
-        """ms per request: proxy CPU per proxied request, mock and client per request of either kind."""
-        n_all = max(1, n_proxied + n_direct)
-        return {"proxy_ms_per_proxied_request": self.used["proxy"] / max(1, n_proxied),
-                "mock_ms_per_request": self.used["mock"] / n_all,
-                "client_ms_per_request": self.used["client"] / n_all}
+    def per_request(self, n_proxied: int, n_direct: int, n_litellm: int = 0) -> dict[str, float]:
+        """ms per request: proxy CPU per proxied request (LiteLLM's per LiteLLM request), mock and
+        client per request of any kind."""
+        n_all = max(1, n_proxied + n_direct + n_litellm)
+        out = {"proxy_ms_per_proxied_request": self.used["proxy"] / max(1, n_proxied),
+               "mock_ms_per_request": self.used["mock"] / n_all,
+               "client_ms_per_request": self.used["client"] / n_all}
+        if "litellm" in self.used and n_litellm:
+            out["litellm_ms_per_litellm_request"] = self.used["litellm"] / n_litellm
+        return out
 
 
 # --------------------------------------------------------------------------- client
@@ -396,28 +479,34 @@ class timed_section:
         gc.collect()
 
 
-async def interleaved(direct: Target, proxy: Target, n: int, warm: int, max_s: float,
+def _round_order(targets: list[Target], i: int) -> list[Target]:
+    """Round `i`'s order: the targets rotated by i (two targets: alternating which goes first)."""
+    k = i % len(targets)
+    return targets[k:] + targets[:k]
+
+
+async def interleaved(targets: list[Target], n: int, warm: int, max_s: float,
                       call: Callable[[Target, bool], Awaitable[Any]],
                       meter: CpuMeter) -> dict[str, list[Any]]:
-    """`warm` unrecorded then up to `n` recorded rounds; each round one direct and one
-    proxied call, alternating which goes first. Stops early after `max_s` seconds."""
+    """`warm` unrecorded then up to `n` recorded rounds; each round one call per target
+    (direct, proxy[, litellm]), rotating which goes first. Stops early after `max_s` seconds."""
     for i in range(warm):
-        for t in ((direct, proxy) if i % 2 == 0 else (proxy, direct)):
+        for t in _round_order(targets, i):
             await call(t, False)
-    out: dict[str, list[Any]] = {"direct": [], "proxy": []}
+    out: dict[str, list[Any]] = {t.name: [] for t in targets}
     with timed_section(meter):
-        await _recorded(direct, proxy, n, max_s, call, out)
+        await _recorded(targets, n, max_s, call, out)
     return out
 
 
-async def _recorded(direct: Target, proxy: Target, n: int, max_s: float,
+async def _recorded(targets: list[Target], n: int, max_s: float,
                     call: Callable[[Target, bool], Awaitable[Any]], out: dict[str, list[Any]]) -> None:
     deadline = time.monotonic() + max_s
     for i in range(n):
         if time.monotonic() > deadline:
             print(f"  (time budget of {max_s:.0f} s reached after {i} of {n} rounds)", flush=True)
             break
-        for t in ((direct, proxy) if i % 2 == 0 else (proxy, direct)):
+        for t in _round_order(targets, i):
             out[t.name].append(await call(t, True))
 
 
@@ -472,11 +561,20 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
 
     print("building the long conversation ...", flush=True)
     n_long = cfg["long"] + cfg["long_warm"]
-    bodies, bodies_tools, long_facts = long_bodies(2 * n_long)
+    bodies, bodies_tools, long_facts = long_bodies((3 if args.litellm else 2) * n_long)
     result["long_conversation"] = long_facts
 
     mock_url = procs.start_mock()
     proxy_url = procs.start_proxy()
+    litellm_url = ""
+    if args.litellm:
+        import external_proxies as ext
+
+        print(f"starting LiteLLM ({args.litellm_requirement}) ...", flush=True)
+        try:
+            litellm_url = procs.start_litellm(args.litellm_requirement)
+        except ext.ExternalUnavailable as err:
+            result["litellm_unavailable"] = {"stage": "install", "error": str(err)}
     timeout = aiohttp.ClientTimeout(total=120)
 
     def session() -> aiohttp.ClientSession:
@@ -485,11 +583,30 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         return aiohttp.ClientSession(connector=conn, timeout=timeout, auto_decompress=False,
                                      skip_auto_headers=("User-Agent",))
 
-    async with session() as s_direct, session() as s_proxy:
+    async with session() as s_direct, session() as s_proxy, session() as s_litellm:
         assert procs.proxy is not None
         await wait_healthy(s_proxy, proxy_url, procs.proxy, procs.proxy_log)
         direct = Target("direct", mock_url, s_direct)
         proxy = Target("proxy", proxy_url + "/v1", s_proxy)
+        targets = [direct, proxy]
+        if litellm_url:
+            assert procs.litellm is not None
+            t0 = time.monotonic()
+            try:
+                await wait_healthy(s_litellm, litellm_url, procs.litellm, procs.litellm_log,
+                                   timeout=LITELLM_START_TIMEOUT, path="/health/liveliness", what="LiteLLM")
+                probe = Target("litellm", litellm_url + "/v1", s_litellm)
+                await probe.post(chat_body(SMALL_MESSAGES))  # the pass-through works end to end
+                await probe.stream(chat_body(SMALL_MESSAGES, stream=True))
+                targets.append(probe)
+                procs.litellm_info["start_s"] = round(time.monotonic() - t0, 1)
+            except (NotHealthy, RuntimeError, aiohttp.ClientError, asyncio.TimeoutError) as err:
+                result["litellm_unavailable"] = {"stage": "start", "error": f"{type(err).__name__}: {err}"}
+        if "litellm_unavailable" in result:
+            u = result["litellm_unavailable"]
+            print(f"LiteLLM not run ({u['stage']} failed), going on without it:\n{u['error']}", flush=True)
+        result["targets"] = [t.name for t in targets]
+        result["litellm"] = {k: v for k, v in procs.litellm_info.items()}
         gc.collect()
         gc.freeze()  # the setup's objects are never rescanned
 
@@ -497,9 +614,9 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         small = chat_body(SMALL_MESSAGES)
         print(f"[1/5] small non-streaming: {cfg['small']} sequential requests each ...", flush=True)
         meter = CpuMeter(procs)
-        r = await interleaved(direct, proxy, cfg["small"], cfg["small_warm"], max_s,
+        r = await interleaved(targets, cfg["small"], cfg["small_warm"], max_s,
                               lambda t, rec: t.post(small, "small" if rec else None), meter)
-        cpu["small"] = meter.per_request(len(r["proxy"]), len(r["direct"]))
+        cpu["small"] = meter.per_request(len(r["proxy"]), len(r["direct"]), len(r.get("litellm", ())))
         result["scenarios"]["small"] = {k: summary(v) for k, v in r.items()}
         result["scenarios"]["small"]["bytes"] = len(small)
         samples["small"] = r
@@ -508,25 +625,27 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         sbody = chat_body(SMALL_MESSAGES, stream=True)
         print(f"[2/5] streaming: {cfg['stream']} sequential requests each ...", flush=True)
         meter = CpuMeter(procs)
-        r = await interleaved(direct, proxy, cfg["stream"], cfg["stream_warm"], max_s,
+        r = await interleaved(targets, cfg["stream"], cfg["stream_warm"], max_s,
                               lambda t, rec: t.stream(sbody, "stream" if rec else None), meter)
-        cpu["stream"] = meter.per_request(len(r["proxy"]), len(r["direct"]))
+        cpu["stream"] = meter.per_request(len(r["proxy"]), len(r["direct"]), len(r.get("litellm", ())))
         result["scenarios"]["stream_first"] = {k: summary([x[0] for x in v]) for k, v in r.items()}
         result["scenarios"]["stream_last"] = {k: summary([x[1] for x in v]) for k, v in r.items()}
         samples["stream_first"] = {k: [x[0] for x in v] for k, v in r.items()}
         samples["stream_last"] = {k: [x[1] for x in v] for k, v in r.items()}
 
         # 3. 16 concurrent, alternating batches D P P D D P ...
-        n_b = cfg["c16_batches"]
-        per = cfg["c16"] // (n_b // 2)
+        # (three targets: D P L L P D D P L ...; `c16_batches` counts the batches of two targets)
+        per_target = cfg["c16_batches"] // 2
+        n_b = per_target * len(targets)
+        per = cfg["c16"] // per_target
         print(f"[3/5] {CONCURRENCY} concurrent: {cfg['c16']} requests each in {n_b} "
               f"alternating batches of {per} ...", flush=True)
-        for t in (direct, proxy):
+        for t in targets:
             await concurrent_batch(t, small, cfg["c16_warm"], CONCURRENCY, None, max_s)
-        elapsed = {"direct": 0.0, "proxy": 0.0}
-        lat: dict[str, list[float]] = {"direct": [], "proxy": []}
-        batches: dict[str, list[float]] = {"direct": [], "proxy": []}
-        order = [direct, proxy, proxy, direct] * n_b
+        elapsed = {t.name: 0.0 for t in targets}
+        lat: dict[str, list[float]] = {t.name: [] for t in targets}
+        batches: dict[str, list[float]] = {t.name: [] for t in targets}
+        order = (targets + targets[::-1]) * n_b
         meter = CpuMeter(procs)
         for t in order[:n_b]:
             with timed_section(meter):
@@ -535,7 +654,7 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
             lat[t.name] += l
             batches[t.name].append(len(l) / s)
         result["scenarios"]["c16_latency"] = {k: summary(v) for k, v in lat.items()}
-        cpu["c16"] = meter.per_request(len(lat["proxy"]), len(lat["direct"]))
+        cpu["c16"] = meter.per_request(len(lat["proxy"]), len(lat["direct"]), len(lat.get("litellm", ())))
         samples["c16_latency"] = lat
         result["scenarios"]["c16_rps"] = {
             k: {"requests": len(lat[k]), "seconds": elapsed[k], "rps": len(lat[k]) / elapsed[k],
@@ -547,9 +666,9 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
               f"{cfg['long']} sequential requests each ...", flush=True)
         it = iter(bodies)
         meter = CpuMeter(procs)
-        r = await interleaved(direct, proxy, cfg["long"], cfg["long_warm"], max_s,
+        r = await interleaved(targets, cfg["long"], cfg["long_warm"], max_s,
                               lambda t, rec: t.post(next(it), "long" if rec else None), meter)
-        cpu["long"] = meter.per_request(len(r["proxy"]), len(r["direct"]))
+        cpu["long"] = meter.per_request(len(r["proxy"]), len(r["direct"]), len(r.get("litellm", ())))
         result["scenarios"]["long"] = {k: summary(v) for k, v in r.items()}
         samples["long"] = r
 
@@ -557,9 +676,9 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         print(f"[5/5] the same with a tools array: {cfg['long']} sequential requests each ...", flush=True)
         it = iter(bodies_tools)
         meter = CpuMeter(procs)
-        r = await interleaved(direct, proxy, cfg["long"], cfg["long_warm"], max_s,
+        r = await interleaved(targets, cfg["long"], cfg["long_warm"], max_s,
                               lambda t, rec: t.post(next(it), "long_tools" if rec else None), meter)
-        cpu["long_tools"] = meter.per_request(len(r["proxy"]), len(r["direct"]))
+        cpu["long_tools"] = meter.per_request(len(r["proxy"]), len(r["direct"]), len(r.get("litellm", ())))
         result["scenarios"]["long_tools"] = {k: summary(v) for k, v in r.items()}
         samples["long_tools"] = r
         gc.unfreeze()
@@ -642,6 +761,7 @@ def print_report(res: dict[str, Any]) -> None:
     verdict = "under" if added < TARGET_ADDED_MEDIAN_MS else "OVER"
     print(f"small request: added median {added:.3f} ms, {verdict} the "
           f"{TARGET_ADDED_MEDIAN_MS:.0f} ms target (not asserted)")
+    print_litellm(res)
     cpu = res.get("cpu_ms_per_request") or {}
     if cpu and any(v["proxy_ms_per_proxied_request"] for v in cpu.values()):
         print()
@@ -650,8 +770,10 @@ def print_report(res: dict[str, Any]) -> None:
         for key in ("small", "stream", "c16", "long", "long_tools"):
             if key in cpu:
                 v = cpu[key]
+                ll = (f"   litellm {v['litellm_ms_per_litellm_request']:.3f}"
+                      if "litellm_ms_per_litellm_request" in v else "")
                 print(f"  {key:<10} proxy {v['proxy_ms_per_proxied_request']:.3f}   mock "
-                      f"{v['mock_ms_per_request']:.3f}   client {v['client_ms_per_request']:.3f}")
+                      f"{v['mock_ms_per_request']:.3f}   client {v['client_ms_per_request']:.3f}{ll}")
     bd = res.get("proxy_log")
     if bd:
         print()
@@ -669,6 +791,44 @@ def print_report(res: dict[str, Any]) -> None:
                   f"the proxy log")
 
 
+def print_litellm(res: dict[str, Any]) -> None:
+    """The three-way table (direct / ctxproxy / LiteLLM), when LiteLLM ran; or why it did not."""
+    u = res.get("litellm_unavailable")
+    if u:
+        print()
+        print(f"LiteLLM: not run, {u['stage']} failed:\n{u['error']}")
+        return
+    sc = res["scenarios"]
+    if "litellm" not in sc.get("small", {}):
+        return
+    info = res.get("litellm") or {}
+    print()
+    print(f"LiteLLM {info.get('version', '?')} ({info.get('requirement', '')}; venv bench/.venvs/litellm"
+          f"{', installed by this run in %.0f s' % info['install_s'] if info.get('installed_now') else ''}; "
+          f"ready {info.get('start_s', '?')} s after start)")
+    print(f"  {info.get('command', '')}")
+    hdr = (f"{'scenario':<32}{'n':>6}{'direct':>9}{'ctxproxy':>10}{'LiteLLM':>10}"
+           f"{'ctxp +med':>11}{'LiteLLM +med':>14}{'ctxp +p99':>11}{'LiteLLM +p99':>14}"
+           f"{'ctxp x':>8}{'LiteLLM x':>11}")
+    print(hdr)
+    print("-" * len(hdr))
+    for key, label in ROWS:
+        d, p, l = sc[key]["direct"], sc[key]["proxy"], sc[key]["litellm"]
+        print(f"{label:<32}{l['n']:>6}{d['median']:>9.3f}{p['median']:>10.3f}{l['median']:>10.3f}"
+              f"{p['median'] - d['median']:>+11.3f}{l['median'] - d['median']:>+14.3f}"
+              f"{p['p99'] - d['p99']:>+11.3f}{l['p99'] - d['p99']:>+14.3f}"
+              f"{p['median'] / d['median']:>8.2f}{l['median'] / d['median']:>11.2f}")
+    rd, rp, rl = sc["c16_rps"]["direct"], sc["c16_rps"]["proxy"], sc["c16_rps"]["litellm"]
+    print(f"{f'{CONCURRENCY} concurrent, requests/s':<32}{rl['requests']:>6}{rd['rps']:>9.0f}{rp['rps']:>10.0f}"
+          f"{rl['rps']:>10.0f}{'':>11}{'':>14}{'':>11}{'':>14}{rp['rps'] / rd['rps']:>8.2f}"
+          f"{rl['rps'] / rd['rps']:>11.2f}")
+    print("(medians in ms; +med / +p99 = added over direct at that percentile; x = median / direct median, "
+          "for requests/s throughput / direct throughput; requests/s per batch: LiteLLM "
+          + " ".join(f"{x:.0f}" for x in rl["rps_per_batch"]) + ")")
+    if "log_error_lines" in info:
+        print(f"LiteLLM's log: {info['log_error_lines']} line(s) with Traceback/ERROR/Exception")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests (about a fifth)")
@@ -678,6 +838,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--proxy-cmd", help="command to run the proxy instead of `ctxproxy` "
                                         "(`serve --host --port` are appended)")
     ap.add_argument("--keep-log", metavar="PATH", help="copy the proxy's log to PATH")
+    ap.add_argument("--litellm", action="store_true",
+                    help="add LiteLLM's proxy as a third target (installed into bench/.venvs/litellm on first use)")
+    ap.add_argument("--litellm-requirement", default=LITELLM_REQUIREMENT, help=argparse.SUPPRESS)
     ap.add_argument("--serve-mock", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_mock:
@@ -707,6 +870,10 @@ def main(argv: list[str] | None = None) -> int:
                 with open(procs.proxy_log, errors="replace") as f:
                     tail = f.read()[-3000:]
                 print(f"--- last lines of the proxy's log ---\n{tail}", file=sys.stderr)
+            if procs.litellm is not None and os.path.exists(procs.litellm_log):
+                with open(procs.litellm_log, errors="replace") as f:
+                    tail = f.read()[-3000:]
+                print(f"--- last lines of LiteLLM's log ---\n{tail}", file=sys.stderr)
             raise
         procs.stop()
         res["proxy_command"] = " ".join(getattr(procs, "proxy_cmd_run", []))
@@ -714,6 +881,12 @@ def main(argv: list[str] | None = None) -> int:
         res["proxy_log"] = proxy_log_breakdown(procs.proxy_log, ids)
         if args.keep_log:
             shutil.copyfile(procs.proxy_log, args.keep_log)
+        if procs.litellm is not None and os.path.exists(procs.litellm_log):
+            with open(procs.litellm_log, errors="replace") as f:
+                text = f.read()
+            res.setdefault("litellm", {})["log_error_lines"] = sum(
+                1 for line in text.splitlines() if "Traceback" in line or "ERROR" in line or "Exception" in line)
+            res["litellm"]["log_tail"] = text[-1500:]
     samples = res.pop("samples_ms", {})
     print_report(res)
     if args.json:

@@ -28,7 +28,8 @@ one). Four kinds:
 * ctxproxy (``proxy_config`` = its config file; ``{}`` = built-in defaults;
   ``window_model`` adds ``models: {gpt-4o: {context_window: <--window>}}``):
   ``ctxproxy-default``, ``ctxproxy-offload-1000``, ``ctxproxy``,
-  ``ctxproxy-no-status-bar``. By default the proxy runs as users run it,
+  ``ctxproxy-no-status-bar``, ``ctxproxy-status-replace`` (status bar in
+  ``replace`` mode). By default the proxy runs as users run it,
   ``python -m proxy.cli serve`` in a subprocess with ``CTXPROXY_UPSTREAM``
   pointing at the mock and a fresh SQLite store in a temporary directory per
   setting (``--proxy-mode inprocess`` runs ``tests/proxy_server.py`` in a
@@ -80,7 +81,10 @@ Usage (from the repo root)::
 
 ``--settings`` takes names or groups (``offload``: the default three;
 ``compress``: no-proxy, sliding-window-20, middle-out, ctxproxy,
-ctxproxy-no-status-bar, cliffcompaction, ctxkeeper). ``--final-turn`` also
+ctxproxy-no-status-bar, cliffcompaction, ctxkeeper; ``status-bar``: ctxproxy,
+ctxproxy-no-status-bar, ctxproxy-status-replace, whose table and issue 5's
+check, hit rate with the status bar within 2 points of without, are printed
+when two of them run). ``--final-turn`` also
 sends each whole trajectory that ends on a tool or user message (the turn an
 agent that kept going would send next: in this corpus the two biggest tool
 results are final messages no recorded turn carries). ``--proxy-src DIR`` runs
@@ -304,6 +308,9 @@ register_setting(Setting("ctxproxy", "ctxproxy, built-in defaults + models: {gpt
 register_setting(Setting("ctxproxy-no-status-bar", "as ctxproxy, with defaults.status_bar.enabled: false (proxy "
                                                    "commits with a status bar, 23f7ccd and later)",
                          {"defaults": {"status_bar": {"enabled": False}}}, window_model=True))
+register_setting(Setting("ctxproxy-status-replace", "as ctxproxy, with defaults.status_bar.mode: replace (only the "
+                                                    "latest status message is sent; issue 5)",
+                         {"defaults": {"status_bar": {"mode": "replace"}}}, window_model=True))
 register_setting(Setting("cliffcompaction", "cliffcompaction==0.1.0 (cliff serve --threshold 0.85 x window)",
                          external="cliffcompaction"))
 register_setting(Setting("cliffcompaction-at-window", "cliffcompaction==0.1.0 (cliff serve --threshold <window>)",
@@ -313,7 +320,8 @@ register_setting(Setting("ctxkeeper", "ctxkeeper==1.2.0 (--recipe agent --budget
 DEFAULT_SETTINGS = [BASELINE, "ctxproxy-default", "ctxproxy-offload-1000"]
 COMPRESS_SETTINGS = [BASELINE, "sliding-window-20", "middle-out", "ctxproxy", "ctxproxy-no-status-bar",
                      "cliffcompaction", "ctxkeeper"]
-SETTING_GROUPS = {"offload": DEFAULT_SETTINGS, "compress": COMPRESS_SETTINGS}
+STATUS_BAR_SETTINGS = ["ctxproxy", "ctxproxy-no-status-bar", "ctxproxy-status-replace"]
+SETTING_GROUPS = {"offload": DEFAULT_SETTINGS, "compress": COMPRESS_SETTINGS, "status-bar": STATUS_BAR_SETTINGS}
 
 
 # --------------------------------------------------------------------------- trajectories
@@ -1265,6 +1273,48 @@ def _criteria_for(results: list[dict[str, Any]], name: str, window: int, subset:
     return out
 
 
+def status_bar_markdown(results: list[dict[str, Any]]) -> str:
+    """Issue 5: the status bar's modes side by side (append, the default; off; replace), with the check
+    "hit rate with append within 2 points of without". Empty when fewer than two of them ran."""
+    ok = {r["setting"]: r for r in _available(results)}
+    names = [n for n in STATUS_BAR_SETTINGS if n in ok]
+    if len(names) < 2:
+        return ""
+    off = ok.get("ctxproxy-no-status-bar")
+    lines = ["| status bar setting | mode | prompt tokens | hit rate (agent only) | vs no status bar, points | "
+             "cost units | cost vs no status bar | own calls | compactions | identifiers kept | "
+             "in-handler ms (sum / max) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    modes = {"ctxproxy": "append (default)", "ctxproxy-no-status-bar": "off",
+             "ctxproxy-status-replace": "replace"}
+    for n in names:
+        r = ok[n]
+        t = r["total"]
+        i = t["identifiers"]
+        if off is not None:
+            o = off["total"]
+            dp = f"{(t['hit_rate'] - o['hit_rate']) * 100:+.2f}" if t["hit_rate"] is not None else "-"
+            dc = f"{t['cost_units'] / o['cost_units'] * 100:.1f}%" if o["cost_units"] else "-"
+        else:
+            dp = dc = "-"
+        p = r["proxy"]
+        lines.append(f"| {n} | {modes[n]} | {t['prompt_tokens']:,} | {_pct(t['hit_rate'])} "
+                     f"({_pct(t['agent_hit_rate'])}) | {dp} | {t['cost_units']:,.0f} | {dc} | {t['proxy_calls']} | "
+                     f"{t['compactions']} | {_share(i['kept'], i['total'])} | "
+                     f"{p.get('overhead_ms', '-')} / {p.get('max_overhead_ms', '-')} |")
+    if off is not None and "ctxproxy" in ok:
+        a, o = ok["ctxproxy"]["total"], off["total"]
+        d = (a["hit_rate"] - o["hit_rate"]) * 100
+        lines += ["", f"issue 5 check, hit rate with the status bar (append) within 2 points of without: "
+                      f"{'met' if abs(d) <= 2.0 else 'NOT met'} ({_pct(a['hit_rate'])} vs {_pct(o['hit_rate'])}, "
+                      f"{d:+.2f} points)"]
+        if "ctxproxy-status-replace" in ok:
+            rp = ok["ctxproxy-status-replace"]["total"]
+            lines.append(f"replace mode, beside it: {_pct(rp['hit_rate'])} "
+                         f"({(rp['hit_rate'] - o['hit_rate']) * 100:+.2f} points against no status bar)")
+    return "\n".join(lines)
+
+
 def criteria_markdown(criteria: list[dict[str, Any]], title: str) -> str:
     lines = [f"| setting | {title} | met | figures |", "|---|---|---|---|"]
     for c in criteria:
@@ -1385,7 +1435,7 @@ def main(argv: list[str] | None = None) -> int:
     compare(ok)
     # issue 3's criteria are about the default 128k window; at another window they would mislead
     criteria = acceptance(ok) if args.window == mu.DEFAULT_WINDOW else []
-    compress_mode = any(n in COMPRESS_SETTINGS[1:] for n in names)
+    compress_mode = any(n in COMPRESS_SETTINGS[1:] + STATUS_BAR_SETTINGS for n in names)
     subset = over_trigger_traces(traces, args.window, args.final_turn) if compress_mode else []
     criteria4 = acceptance_compress(results, args.window, subset) if compress_mode else []
 
@@ -1394,6 +1444,10 @@ def main(argv: list[str] | None = None) -> int:
         if criteria4:
             print()
             print(criteria_markdown(criteria4, "issue 4 criterion"))
+        sb = status_bar_markdown(results)
+        if sb:
+            print()
+            print(sb)
         print(f"\ntrajectories over the trigger (0.85 x {args.window:,}) as the client sends them: "
               f"{', '.join(subset) or 'none'}")
         for r in ok:
