@@ -15,20 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agent_runs import TOOLS, conversation
 from proxy_server import ProxyServer, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("bash", "edit")]
 
 
-def conversation(turns: int) -> list[dict]:
-    msgs = [{"role": "system", "content": "You are a coding agent. " + "Be careful. " * 300},
-            {"role": "user", "content": "Fix the failing test in tests/test_core.py"}]
-    for i in range(turns):
-        msgs.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type": "function",
-                     "function": {"name": "bash", "arguments": json.dumps({"cmd": f"sed -n {i},+40p core.py"})}}]})
-        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"line {i}: value = {i * 7}\n" * 60})
-    return msgs
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

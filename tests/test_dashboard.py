@@ -9,7 +9,6 @@ the right size and not blank. On a machine without chromium the tests skip
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 import shutil
@@ -24,13 +23,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agent_runs import TOOLS, conversation
 from proxy_server import ProxyServer, make_settings
 
 CHROMIUM = "/usr/bin/chromium"
 INSTALL = "apt-get update && apt-get install -y chromium"
 WIDTH, HEIGHT = 1280, 800
 MARKUP = '<img src=x onerror="document.title=1">'
-TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("bash", "edit")]
 
 
 # --------------------------------------------------------------------------- the browser
@@ -146,14 +145,6 @@ def rgb(hex_colour: str) -> bytes:
 
 # --------------------------------------------------------------------------- traffic
 
-def conversation(turns: int) -> list[dict]:
-    msgs = [{"role": "system", "content": "You are a coding agent. " + "Be careful. " * 300},
-            {"role": "user", "content": "Fix the failing test in tests/test_core.py"}]
-    for i in range(turns):
-        msgs.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type": "function",
-                     "function": {"name": "bash", "arguments": json.dumps({"cmd": f"sed -n {i},+40p core.py"})}}]})
-        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"line {i}: value = {i * 7}\n" * 60})
-    return msgs
 
 
 def big_tool_result() -> list[dict]:
