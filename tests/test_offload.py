@@ -202,7 +202,7 @@ def test_same_history_same_bytes_across_restart_even_with_new_settings(upstream,
 
 
 def test_two_proxies_sharing_redis_rewrite_identically(upstream):
-    store = f"redis://127.0.0.1:6379/14"
+    store = "redis://127.0.0.1:6379/14"
     salt_key = f"sk-{uuid.uuid4()}"  # a fresh tenant: nothing recorded before
     a = offload_settings(upstream, store)
     b = offload_settings(upstream, store, preview_head_lines=2)

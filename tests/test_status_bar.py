@@ -7,7 +7,6 @@ import re
 from collections import Counter
 
 import httpx
-import pytest
 
 from proxy_server import ProxyServer, make_settings
 
