@@ -26,7 +26,7 @@ from proxy.usage import Usage, parse_usage
 HOUR = 3600
 TIMELINE_MAX = 500  # requests kept per session timeline
 RETENTION = 30 * 86_400  # seconds session timelines and summaries are kept
-_TRACES_CACHED = 10_000
+_TRACES_CACHED = 2_000
 FIELDS = ("requests", "errors", "prompt", "cached", "reported_prompt", "cacheable", "completion", "own_calls",
           "own_prompt", "own_cached", "saved_offload", "saved_compress", "breaks", "offloads", "compactions")
 
@@ -34,6 +34,7 @@ FIELDS = ("requests", "errors", "prompt", "cached", "reported_prompt", "cacheabl
 SESSIONS_PREFIX = "sessions:"  # counters sessions:{tenant}:{session} = requests: the session index
 SESSION_STATS_PREFIX = "sessstat:"  # counters sessstat:{tenant}:{session}|{prompt,cached,breaks}
 FLUSH_DELAY = 0.05  # seconds a batch gathers requests before one round of store writes
+MAX_PENDING = 5000  # timeline entries waiting for the store, at most (memory stays bounded)
 
 
 def session_key(tenant: str, session: str) -> str:
@@ -214,15 +215,20 @@ class Accountant:
         b.firsts.setdefault(session_key(ctx.tenant, ctx.session) + ":first", e["ts"])
         if e["break"]:
             b.breaks[session_key(ctx.tenant, ctx.session) + ":break"] = e["break"]
-        b.logs.append((timeline_key(ctx.tenant, ctx.session), orjson.dumps(e)))
+        if len(b.logs) < MAX_PENDING:
+            b.logs.append((timeline_key(ctx.tenant, ctx.session), orjson.dumps(e)))
+        else:
+            b.dropped += 1  # the store cannot keep up: timelines lose entries, counters stay exact
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
         """Write what accumulated, in few store operations: under load a batch holds many requests."""
         await asyncio.sleep(FLUSH_DELAY)
-        while self._batch.logs:
+        while self._batch.logs or self._batch.amounts:
             b, self._batch = self._batch, _Batch()
+            if b.dropped:
+                event("accounting backlog: timeline entries dropped", dropped=b.dropped)
             try:
                 await self.store.incr_many(dict(b.amounts))
                 for key, value in b.traces.items():
@@ -237,8 +243,7 @@ class Accountant:
                         if len(self._firsts_written) > _TRACES_CACHED:
                             self._firsts_written.clear()
                         self._firsts_written.add(key)
-                for key, raw in b.logs:
-                    await self.store.append_log(key, raw, max_len=TIMELINE_MAX, ttl=RETENTION)
+                await self.store.append_logs(b.logs, max_len=TIMELINE_MAX, ttl=RETENTION)
             except StoreError as err:
                 event("accounting not stored: store unavailable", requests=len(b.logs), error=str(err))
 
@@ -256,6 +261,7 @@ class _Batch:
     breaks: dict[str, str] = field(default_factory=dict)
     firsts: dict[str, float] = field(default_factory=dict)
     logs: list[tuple[str, bytes]] = field(default_factory=list)
+    dropped: int = 0
 
 
 def usage_from_events(conv: Conversation) -> list[tuple[str, Usage]]:

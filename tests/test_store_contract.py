@@ -259,6 +259,14 @@ async def test_incr_many_adds_to_each_counter_atomically(store: Store, backend: 
     await store.incr_many({})
 
 
+async def test_append_logs_writes_many_logs_at_once(store: Store) -> None:
+    await store.append_log("t:a:l1", b"0")
+    await store.append_logs([("t:a:l1", b"1"), ("t:a:l2", b"x"), ("t:a:l1", b"2"), ("t:a:l1", b"3")], max_len=3)
+    assert await store.read_log("t:a:l1") == [b"1", b"2", b"3"]
+    assert await store.read_log("t:a:l2") == [b"x"]
+    await store.append_logs([])
+
+
 async def test_counters_by_prefix(store: Store) -> None:
     await store.incr("t:a:in", 10)
     await store.incr("t:a:out", 2.5)

@@ -80,6 +80,12 @@ class Store(Protocol):
         """Append to a list, keeping the newest ``max_len``; ``ttl`` (re)sets the whole log's expiry."""
         ...
 
+    async def append_logs(
+        self, entries: list[tuple[str, bytes]], max_len: int | None = None, ttl: float | None = None
+    ) -> None:
+        """Several appends (to one or many logs) in one round trip and one transaction."""
+        ...
+
     async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
         """Entries ``start..end`` inclusive; negative indexes count from the end (like LRANGE)."""
         ...

@@ -182,15 +182,23 @@ class RedisStore(JsonRecordsMixin):
     async def append_log(
         self, key: str, value: bytes, max_len: int | None = None, ttl: float | None = None
     ) -> None:
+        await self.append_logs([(key, value)], max_len, ttl)
+
+    async def append_logs(
+        self, entries: list[tuple[str, bytes]], max_len: int | None = None, ttl: float | None = None
+    ) -> None:
         max_len, ttl = check_max_len(max_len), check_ttl(ttl)
-        k = self._k(_LOG, key)
-        with self._errors("append_log"):
+        if not entries:
+            return
+        with self._errors("append_logs"):
             async with self._client.pipeline(transaction=True) as pipe:
-                pipe.rpush(k, value)
-                if max_len is not None:
-                    pipe.ltrim(k, -max_len, -1)
-                if ttl is not None:
-                    pipe.pexpire(k, ttl_ms(ttl))
+                for key, value in entries:
+                    k = self._k(_LOG, key)
+                    pipe.rpush(k, value)
+                    if max_len is not None:
+                        pipe.ltrim(k, -max_len, -1)
+                    if ttl is not None:
+                        pipe.pexpire(k, ttl_ms(ttl))
                 await pipe.execute()
 
     async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:

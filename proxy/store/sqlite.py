@@ -223,24 +223,32 @@ class SqliteStore(JsonRecordsMixin):
     async def append_log(
         self, key: str, value: bytes, max_len: int | None = None, ttl: float | None = None
     ) -> None:
+        await self.append_logs([(key, value)], max_len, ttl)
+
+    async def append_logs(
+        self, entries: list[tuple[str, bytes]], max_len: int | None = None, ttl: float | None = None
+    ) -> None:
         max_len, ttl = check_max_len(max_len), check_ttl(ttl)
 
         def append(conn: sqlite3.Connection, p: Params) -> None:
             self._maybe_purge(conn, p["now"])
-            with _transaction(conn, "BEGIN IMMEDIATE"):
-                seq, expires_at = _live_log_meta(conn, p) or (0, None)
-                if ttl is not None:
-                    expires_at = p["now"] + ttl
-                conn.execute(
-                    "INSERT INTO log_meta (key, next_seq, expires_at) VALUES (?, ?, ?) ON CONFLICT (key)"
-                    " DO UPDATE SET next_seq = excluded.next_seq, expires_at = excluded.expires_at",
-                    (key, seq + 1, expires_at),
-                )
-                conn.execute("INSERT INTO log_items (key, seq, value) VALUES (?, ?, ?)", (key, seq, bytes(value)))
-                if max_len is not None:
-                    conn.execute("DELETE FROM log_items WHERE key = ? AND seq <= ?", (key, seq - max_len))
+            with _transaction(conn, "BEGIN IMMEDIATE"):  # one transaction for the whole batch
+                for key, value in entries:
+                    q = {"key": key, "now": p["now"]}
+                    seq, expires_at = _live_log_meta(conn, q) or (0, None)
+                    if ttl is not None:
+                        expires_at = p["now"] + ttl
+                    conn.execute(
+                        "INSERT INTO log_meta (key, next_seq, expires_at) VALUES (?, ?, ?) ON CONFLICT (key)"
+                        " DO UPDATE SET next_seq = excluded.next_seq, expires_at = excluded.expires_at",
+                        (key, seq + 1, expires_at),
+                    )
+                    conn.execute("INSERT INTO log_items (key, seq, value) VALUES (?, ?, ?)", (key, seq, bytes(value)))
+                    if max_len is not None:
+                        conn.execute("DELETE FROM log_items WHERE key = ? AND seq <= ?", (key, seq - max_len))
 
-        await self._run("append_log", append, key=key)
+        if entries:
+            await self._run("append_logs", append)
 
     async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
         def read(conn: sqlite3.Connection, p: Params) -> list[bytes]:
