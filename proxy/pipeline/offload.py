@@ -89,13 +89,14 @@ class Offload:
     def __init__(self, settings: OffloadSettings) -> None:
         self.settings = settings
         self._decided: OrderedDict[tuple[str, str], dict[str, Any] | bool] = OrderedDict()
+        self._handles: OrderedDict[bytes, tuple[str, str]] = OrderedDict()  # message digest -> (handle, what)
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         s = self.settings
         tools = conv.body.get("tools")
         read_name = tool_name_for(tools or [])
         archive = Archive(ctx.store, ctx.tenant, s.retention_days)
-        found = self._candidates(conv.messages)
+        found = self._candidates(conv)
         decisions = await self._decisions(archive, ctx.tenant, [c[1] for c in found])
         messages = list(conv.messages)
         events = []
@@ -115,7 +116,9 @@ class Offload:
             conv.events.extend(events)
         return conv
 
-    def _candidates(self, messages: list[dict[str, Any]]) -> list[tuple[int, str, str, str]]:
+    def _candidates(self, conv: Conversation) -> list[tuple[int, str, str, str]]:
+        """Messages big enough to have been offloaded, with their handles (hashed once per content)."""
+        messages = conv.messages
         names = None
         out = []
         for i, m in enumerate(messages):
@@ -127,12 +130,18 @@ class Offload:
                 continue
             if len(text) < MIN_THRESHOLD_TOKENS and len(text.encode("utf-8", "surrogatepass")) < MIN_THRESHOLD_TOKENS:
                 continue
-            if role == "user":
-                what = "user message"
-            else:
-                names = names if names is not None else _call_names(messages)
-                what = f"tool result of {names.get(m.get('tool_call_id'), m.get('name') or 'a tool')}"
-            out.append((i, content_handle(f"{role}:{what}", text), text, what))
+            digest = conv.digest(m)
+            known = self._handles.get(digest)
+            if known is None:
+                if role == "user":
+                    what = "user message"
+                else:
+                    names = names if names is not None else _call_names(messages)
+                    what = f"tool result of {names.get(m.get('tool_call_id'), m.get('name') or 'a tool')}"
+                known = self._handles[digest] = (content_handle(f"{role}:{what}", text), what)
+                if len(self._handles) > _DECISION_CACHE:
+                    self._handles.popitem(last=False)
+            out.append((i, known[0], text, known[1]))
         return out
 
     async def _decisions(self, archive: Archive, tenant: str, handles: list[str]) -> list[Any]:
