@@ -26,7 +26,7 @@ from proxy.usage import Usage, parse_usage
 HOUR = 3600
 TIMELINE_MAX = 500  # requests kept per session timeline
 RETENTION = 30 * 86_400  # seconds session timelines and summaries are kept
-_TRACES_CACHED = 2_000
+_TRACES_CACHED = 1_000
 FIELDS = ("requests", "errors", "prompt", "cached", "reported_prompt", "cacheable", "completion", "own_calls",
           "own_prompt", "own_cached", "saved_offload", "saved_compress", "breaks", "offloads", "compactions")
 

@@ -74,7 +74,7 @@ TOKENS_PER_TOOL_DEFINITION = 8
 IMAGE_TOKENS_LOW_DETAIL = 85
 IMAGE_TOKENS_DEFAULT = 765  # a 1024x1024 image at high detail: 85 + 4 tiles x 170
 
-CACHE_CAPACITY = 50_000  # entries; each is a (str, 16-byte digest) -> int pair
+CACHE_CAPACITY = 30_000  # entries; each is a (str, 16-byte digest) -> int pair
 
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 _IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})

@@ -29,7 +29,7 @@ from proxy.tokens import default_counter
 MIN_THRESHOLD_TOKENS = 256
 DECISION_KIND = "offload"
 _USER_SHARE_FACTOR = 2  # a user message may take twice the window share a tool result may
-_DECISION_CACHE = 30_000  # (tenant, handle) decisions remembered in process
+_DECISION_CACHE = 20_000  # (tenant, handle) decisions remembered in process
 
 
 class OffloadSettings(BaseModel):

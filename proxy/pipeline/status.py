@@ -29,8 +29,8 @@ from proxy.tokens import REPLY_PRIMING_TOKENS, default_counter
 from proxy.trajectory import (DEFAULT_ERROR_PATTERN, STATUS_OPEN, TodoShape, Trajectory, analyze, is_status,
                               looks_like_error)
 
-_SESSIONS_CACHED = 2_000  # sessions whose recorded statuses are kept in process
-_ERRORS_CACHED = 50_000  # tool results whose error look is remembered, by digest
+_SESSIONS_CACHED = 1_000  # sessions whose recorded statuses are kept in process
+_ERRORS_CACHED = 20_000  # tool results whose error look is remembered, by digest
 _PREV_HEX = 16  # hex chars of the preceding message's digest stored with a status
 
 
