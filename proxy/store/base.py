@@ -112,9 +112,18 @@ class _Blobs(Protocol):
 
     async def put_if_absent(self, key: str, value: bytes, ttl: float | None = None) -> bool: ...
 
+    async def append_logs(
+        self, entries: list[tuple[str, bytes]], max_len: int | None = None, ttl: float | None = None
+    ) -> None: ...
 
-class JsonRecordsMixin:
-    """JSON records on top of a backend's blob operations, so both backends agree byte for byte."""
+
+class SharedOpsMixin:
+    """Operations written once on top of each backend's primitives, so both backends agree byte for byte:
+    JSON records over blobs, a single log append over the batched one."""
+
+    async def append_log(self: _Blobs, key: str, value: bytes, max_len: int | None = None,
+                         ttl: float | None = None) -> None:
+        await self.append_logs([(key, value)], max_len, ttl)
 
     async def get_json(self: _Blobs, key: str) -> Any | None:
         raw = await self.get(key)

@@ -11,7 +11,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError, ResponseError
 
 from .base import (
-    JsonRecordsMixin, StoreError, as_number, check_amount, check_max_len, check_ttl, incr_result, new_lock_token,
+    SharedOpsMixin, StoreError, as_number, check_amount, check_max_len, check_ttl, incr_result, new_lock_token,
     ttl_ms,
 )
 
@@ -48,7 +48,7 @@ return 0
 """
 
 
-class RedisStore(JsonRecordsMixin):
+class RedisStore(SharedOpsMixin):
     """The proxy's state in Redis, so several replicas share one view of it.
 
     Every conditional write is a single Redis command or Lua script (SET NX, INCRBY,
@@ -178,11 +178,6 @@ class RedisStore(JsonRecordsMixin):
         }
 
     # ---- logs -----------------------------------------------------------------
-
-    async def append_log(
-        self, key: str, value: bytes, max_len: int | None = None, ttl: float | None = None
-    ) -> None:
-        await self.append_logs([(key, value)], max_len, ttl)
 
     async def append_logs(
         self, entries: list[tuple[str, bytes]], max_len: int | None = None, ttl: float | None = None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .base import (
-    JsonRecordsMixin, StoreError, as_number, check_amount, check_max_len, check_ttl, incr_result, new_lock_token,
+    SharedOpsMixin, StoreError, as_number, check_amount, check_max_len, check_ttl, incr_result, new_lock_token,
 )
 
 # How long a write waits for another process's lock on the same file before failing.
@@ -57,7 +57,7 @@ T = TypeVar("T")
 Params = dict[str, Any]
 
 
-class SqliteStore(JsonRecordsMixin):
+class SqliteStore(SharedOpsMixin):
     """The proxy's state in a single SQLite file, so one replica needs no other service.
 
     Durable: WAL + synchronous=NORMAL, so a handle written before a restart resolves
@@ -219,11 +219,6 @@ class SqliteStore(JsonRecordsMixin):
         return {k: as_number(v) for k, v in rows}
 
     # Logs: items numbered by seq; log_meta holds the next seq and the whole log's expiry.
-
-    async def append_log(
-        self, key: str, value: bytes, max_len: int | None = None, ttl: float | None = None
-    ) -> None:
-        await self.append_logs([(key, value)], max_len, ttl)
 
     async def append_logs(
         self, entries: list[tuple[str, bytes]], max_len: int | None = None, ttl: float | None = None
