@@ -10,6 +10,9 @@ answers:
 * ctxproxy's summarizer call (system prompt "You maintain the working memory
   of a long-running autonomous agent", proxy/summarizer.py) with a markdown
   summary in the seven requested sections;
+* the same in ctxproxy's cached shape (the agent's conversation re-sent,
+  closed by an instruction opening with "<ctxproxy_compaction>"): the span is
+  every message after the head (system + first user message) above it;
 * ctxproxy's `facts` strategy questions ("Answer one question about the
   transcript ...") with the same kind of digest, shorter;
 * ctxkeeper's notes calls: the in-place one (its request ends with
@@ -44,6 +47,7 @@ LINE_CHARS = 160  # a message's first line, at most this many characters
 
 CTXPROXY_SUMMARY = "You maintain the working memory of a long-running autonomous agent"
 CTXPROXY_FACT = "Answer one question about the transcript of an agent's work"
+CTXPROXY_CACHED = "<ctxproxy_compaction>"  # the instruction closing ctxproxy's cached-shape call
 CTXPROXY_SECTIONS = ("Goal and constraints", "Decisions and why", "Files and artifacts", "Verified state",
                      "Open TODOs", "Approaches that failed", "Next step")
 KEEPER_INPLACE = "[[Message from the context keeper, not part of the task]] Every turn above"
@@ -101,6 +105,9 @@ def kind(body: Any) -> str | None:
         return "summary"
     if msgs[0].get("role") == "system" and first.startswith(CTXPROXY_FACT):
         return "facts"
+    last = msgs[-1] if isinstance(msgs[-1], dict) else {}
+    if last.get("role") == "user" and _text(last.get("content")).startswith(CTXPROXY_CACHED):
+        return "facts" if "\nQuestion: " in _text(last.get("content")) else "summary"
     for m in msgs:
         if isinstance(m, dict) and m.get("role") == "user":
             t = _text(m.get("content"))
@@ -128,7 +135,29 @@ def _newest_within(lines: list[str], budget: int = SUMMARY_TOKENS) -> list[str]:
 _SECTION = re.compile(r"^### (user|assistant|system|developer|tool result \([^)\n]*\)|tool|\?)\n", re.M)
 
 
+def _head_end(msgs: list[dict[str, Any]]) -> int:
+    i = 0
+    while i < len(msgs) and msgs[i].get("role") in ("system", "developer"):
+        i += 1
+    return i + 1 if i < len(msgs) and msgs[i].get("role") == "user" else i
+
+
+def _cached_shape(msgs: list[dict[str, Any]]) -> str:
+    """ctxproxy's cached-shape call: the span is every message after the head, up to the instruction."""
+    names = {c.get("id"): (c.get("function") or {}).get("name") for m in msgs for c in m.get("tool_calls") or ()
+             if isinstance(c, dict)}
+    out = []
+    for m in msgs[_head_end(msgs):-1]:
+        role = m.get("role", "?")
+        label = f"tool result ({names.get(m.get('tool_call_id')) or 'tool'})" if role == "tool" else role
+        out.append(f"### {label}\n{_message_text(m)}")
+    return "\n\n".join(out)
+
+
 def _transcript(body: dict[str, Any]) -> str:
+    msgs = body["messages"]
+    if _text(msgs[-1].get("content")).startswith(CTXPROXY_CACHED):
+        return _cached_shape(msgs)
     user = next((_text(m.get("content")) for m in body["messages"] if m.get("role") == "user"), "")
     m = re.search(r"<transcript>\n(.*)\n</transcript>", user, re.S)
     return m.group(1) if m else user

@@ -30,7 +30,9 @@ its figures):
 * **Answers.** ``"ok"`` to ordinary requests (a replay ignores them), and a
   deterministic, *extractive* answer to ctxproxy's own summarizer calls
   (recognised by their system prompt, :data:`proxy.summarizer.SYSTEM_PROMPT`
-  or :data:`proxy.summarizer.FACT_PROMPT`): the requested section headings,
+  or :data:`proxy.summarizer.FACT_PROMPT`, or in the cached shape by a last
+  message opening with :data:`proxy.summarizer.COMPACTION_OPEN`, whose span
+  is the conversation above it after the head): the requested section headings,
   each followed by a few lines copied from the transcript. Real summaries are
   written by a model; these only stand in for their size and shape.
 
@@ -59,6 +61,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from proxy import summarizer
+from proxy.history import head_end
 from proxy.encodings import ensure_encodings, get_encoding
 
 DEFAULT_WINDOW = 32_000
@@ -312,6 +315,10 @@ def call_kind(body: Mapping[str, Any]) -> str:
         return "summary"
     if isinstance(system, str) and system.startswith(summarizer.FACT_PROMPT):
         return "facts"
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    text = last.get("content") if last.get("role") == "user" else None
+    if isinstance(text, str) and text.startswith(summarizer.COMPACTION_OPEN):
+        return "facts" if "\nQuestion: " in text else "summary"
     return "turn"
 
 
@@ -320,6 +327,10 @@ def _answer(kind: str, body: Mapping[str, Any]) -> str:
         return ORDINARY_ANSWER
     messages = body.get("messages") or []
     user = _content_text(messages[-1].get("content")) if len(messages) > 1 and isinstance(messages[-1], dict) else ""
+    if user.startswith(summarizer.COMPACTION_OPEN):  # the cached shape: the span is the conversation above
+        span = [m for m in messages[head_end(messages):-1] if isinstance(m, dict)]
+        question = user.split("\nQuestion: ", 1)[1].split("\n", 1)[0] if "\nQuestion: " in user else ""
+        user = summarizer.render(span) + (f"\n\nQuestion: {question}" if question else "")
     if kind == "summary":
         return extractive_summary(user)
     transcript, _, question = user.rpartition("\n\nQuestion: ")

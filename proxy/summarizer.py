@@ -1,10 +1,18 @@
-"""The out-of-band LLM call that turns a span of history into working memory.
+"""The LLM call that turns a span of history into working memory.
 
-Its own system prompt, the span wrapped as a transcript, never "please
-summarize" appended to the running conversation (that would both cost the
-agent's cache and let the agent's instructions steer the summary). The span
-is cut to fit the summarizer's own window: older messages go first, the
-previous summary always stays.
+Two shapes. `cached` (the default when the summary uses the agent's model):
+the conversation exactly as the provider last saw it, cut where the kept tail
+begins, plus one instruction message. Everything but that instruction is a
+prefix the provider has cached, so the call is billed at about a tenth, and
+the summarizer reads the whole span instead of a cut-down transcript. The
+instruction is fenced and says which part is replaced, so the agent's own
+prompt frames the call but does not decide what is kept.
+
+`transcript`: its own system prompt and the span wrapped as a transcript, cut
+to fit the summarizer's window (older messages go first, the previous summary
+always stays). Used for a different summary model (whose cache the agent's
+prefix would not hit), when the cached shape would not fit the window, and
+when the cached call answers with a tool call instead of text.
 """
 
 from __future__ import annotations
@@ -37,9 +45,44 @@ FACT_PROMPT = ("Answer one question about the transcript of an agent's work, ter
                "transcript, keeping exact file paths, identifiers and values. Answer 'none' if it does not say.")
 _PER_MESSAGE_CHARS = 6000  # a tool result's share of the transcript; the archive keeps the whole text
 
+COMPACTION_OPEN = "<ctxproxy_compaction>"  # opens the instruction of a cached-shape call (the simulators key on it)
+IN_PLACE_PROMPT = (
+    COMPACTION_OPEN + "\nThis is not a task message. The proxy managing this conversation's context window is "
+    "compacting it: every message after the first user message, up to this one, will be replaced by what you "
+    "write now (the newest messages after them are kept verbatim). Do not call tools and do not continue the "
+    "task. Write what the agent needs to continue without those messages, as markdown with exactly these "
+    "headings: " + ", ".join(f"## {s}" for s in SECTIONS) + ". Fold in any earlier <context_summary> without "
+    "losing its facts; ignore <agent_status> messages. Be specific and terse: exact file paths, commands, "
+    "function names, error messages, values and outcomes. Record what was tried and failed so it is not "
+    "retried. No preamble.\n</ctxproxy_compaction>"
+)
+IN_PLACE_FACT = (
+    COMPACTION_OPEN + "\nThis is not a task message. The proxy managing this conversation's context window is "
+    "compacting every message after the first user message. Do not call tools and do not continue the task. "
+    "Answer one question about those messages, tersely, keeping exact file paths, identifiers and values; "
+    "answer 'none' if they do not say.\nQuestion: {question}\n</ctxproxy_compaction>"
+)
+
 
 class SummarizerError(Exception):
     """The summarizer failed or timed out; the caller falls back to lossless layers."""
+
+
+class SummarizerDeclined(SummarizerError):
+    """The call worked but gave no text (e.g. a tool call): worth one try in the transcript shape."""
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """The agent's request as the provider last saw it, up to where the kept tail begins.
+
+    `messages`, `tools` and `extra` (e.g. `prompt_cache_key`) must be exactly what the agent's
+    requests carry, or the provider's cache will not match and the call is billed in full.
+    """
+
+    messages: list[Message]
+    tools: list[Any] | None
+    extra: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -88,8 +131,11 @@ def fit_transcript(span: Sequence[Message], max_tokens: int, model: str) -> str:
 
 
 async def _ask(target: SummarizerTarget, system: str, user: str) -> tuple[str, dict[str, Any]]:
-    body = orjson.dumps({"model": target.model, "temperature": 0, "max_tokens": target.max_output_tokens,
-                         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+    return await _send(target, {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+
+
+async def _send(target: SummarizerTarget, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    body = orjson.dumps({"model": target.model, **fields, "temperature": 0, "max_tokens": target.max_output_tokens})
     url = upstream_url(target.settings, "chat/completions", "")
     try:
         resp = await target.upstream.send("POST", url, target.headers, body, target.settings)
@@ -104,7 +150,7 @@ async def _ask(target: SummarizerTarget, system: str, user: str) -> tuple[str, d
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         raise SummarizerError("summarizer returned an unreadable response") from None
     if not isinstance(text, str) or not text.strip():
-        raise SummarizerError("summarizer returned no text")
+        raise SummarizerDeclined("summarizer returned no text")
     return text.strip(), data.get("usage") or {}
 
 
@@ -120,7 +166,32 @@ async def summarize(target: SummarizerTarget, span: Sequence[Message], facts: Se
         answers = await asyncio.gather(*[_ask(target, FACT_PROMPT, f"{wrapped}\n\nQuestion: {q}") for q in facts])
         return "\n\n".join(f"## {q}\n{a}" for q, (a, _) in zip(facts, answers)), [u for _, u in answers]
 
+    return await _bounded(run(), target.timeout)
+
+
+async def summarize_cached(target: SummarizerTarget, prefix: CachedPrefix,
+                           facts: Sequence[str] = ()) -> tuple[str, list]:
+    """As `summarize`, in the cached shape: the agent's prefix plus one instruction; raises SummarizerError."""
+    base: dict[str, Any] = {**prefix.extra}
+    if prefix.tools:
+        base["tools"] = prefix.tools
+
+    async def ask(instruction: str) -> tuple[str, dict[str, Any]]:
+        return await _send(target, {"messages": [*prefix.messages, {"role": "user", "content": instruction}],
+                                    **base})
+
+    async def run() -> tuple[str, list]:
+        if not facts:
+            text, usage = await ask(IN_PLACE_PROMPT)
+            return text, [usage]
+        answers = await asyncio.gather(*[ask(IN_PLACE_FACT.format(question=q)) for q in facts])
+        return "\n\n".join(f"## {q}\n{a}" for q, (a, _) in zip(facts, answers)), [u for _, u in answers]
+
+    return await _bounded(run(), target.timeout)
+
+
+async def _bounded(work: Any, timeout: float) -> tuple[str, list]:
     try:
-        return await asyncio.wait_for(run(), target.timeout)
+        return await asyncio.wait_for(work, timeout)
     except asyncio.TimeoutError:
-        raise SummarizerError(f"summarizer timed out after {target.timeout:g}s") from None
+        raise SummarizerError(f"summarizer timed out after {timeout:g}s") from None

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from proxy.history import pairing_is_valid
-from proxy.summarizer import SYSTEM_PROMPT
+from proxy.summarizer import COMPACTION_OPEN, SYSTEM_PROMPT
 from proxy_server import ProxyServer, make_settings
 
 WINDOW = 6000
@@ -32,8 +32,13 @@ def agent_run(turns: int) -> list[dict]:
     return msgs
 
 
+def is_cached_shape(req: dict) -> bool:
+    return str(req["messages"][-1].get("content")).startswith(COMPACTION_OPEN)
+
+
 def is_summary_call(req: dict) -> bool:
-    return req["messages"][0].get("content") in (SYSTEM_PROMPT,) or "Answer one question" in str(req["messages"][0])
+    return req["messages"][0].get("content") in (SYSTEM_PROMPT,) or "Answer one question" in str(req["messages"][0]) \
+        or is_cached_shape(req)
 
 
 def responder(req: dict) -> str:
@@ -246,3 +251,63 @@ def test_unknown_window_is_learned_from_the_provider_and_remembered(upstream, tm
     with ProxyServer(cfg) as p:  # after a restart the window is still known: no failed attempt
         assert ask(p).status_code == 200
     assert all(r.status == 200 for r in upstream.requests)
+
+
+# ---- the summarizer's cached shape: the agent's own prefix plus one instruction
+
+BIG = 20_000  # room for the cached shape: prefix at the trigger + instruction + answer fit the window
+
+
+def big_settings(upstream, store: str, **compress):
+    upstream.windows[MODEL] = BIG
+    return make_settings(upstream.base_url, store, models={MODEL: {"context_window": BIG}},
+                         defaults={"offload": {"enabled": False}, "status_bar": {"enabled": True},
+                                   "compress": {"keep_recent_tokens": 1500, "summary_max_tokens": 500, **compress}})
+
+
+def test_summarizer_call_is_the_agents_cached_prefix_plus_an_instruction(upstream, tmp_path):
+    with ProxyServer(big_settings(upstream, f"sqlite:///{tmp_path}/c.db")) as p:
+        replay(p, upstream, 60)
+    reqs = upstream.requests
+    calls = [i for i, r in enumerate(reqs) if is_summary_call(r.json)]
+    assert calls and all(is_cached_shape(reqs[i].json) for i in calls)
+    for i in calls:
+        call, before = reqs[i].json, reqs[i - 1].json  # the agent request the provider saw just before
+        assert not is_summary_call(before)
+        prefix = call["messages"][:-1]
+        # byte-identical to the start of what the provider last saw (re-inserted statuses included) ...
+        assert json.dumps(prefix) == json.dumps(before["messages"][:len(prefix)])
+        assert len(prefix) > 2 and call["tools"] == before["tools"]  # ... with the same tools, read tool included
+        assert [t["function"]["name"] for t in call["tools"]] == ["bash", "context_read"]
+        # so the provider bills it from its cache (the mock compares token prefixes)
+        usage = reqs[i].usage
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= 0.8 * usage["prompt_tokens"]
+    # and the summary it wrote is what the agent gets
+    summaries = [m["content"] for r in chat_requests(upstream) for m in r.json["messages"]
+                 if "<context_summary>" in str(m.get("content"))]
+    assert summaries and "## Goal and constraints" in summaries[-1]
+
+
+def test_other_summary_model_uses_the_transcript_shape(upstream, tmp_path):
+    with ProxyServer(big_settings(upstream, f"sqlite:///{tmp_path}/c.db", summary_model="cheap-model")) as p:
+        replay(p, upstream, 60)
+    calls = [r.json for r in upstream.requests if is_summary_call(r.json)]
+    assert calls and all(c["model"] == "cheap-model" and c["messages"][0]["content"] == SYSTEM_PROMPT
+                         and not is_cached_shape(c) for c in calls)
+
+
+def test_cached_shape_answered_with_a_tool_call_falls_back_to_the_transcript(upstream, tmp_path):
+    def stubborn(req: dict):
+        if is_cached_shape(req):
+            return {"tool_calls": [{"name": "bash", "arguments": json.dumps({"cmd": "ls"})}]}
+        return responder(req)
+
+    with ProxyServer(big_settings(upstream, f"sqlite:///{tmp_path}/c.db")) as p:
+        run = agent_run(60)
+        upstream.script(*[stubborn] * 400)
+        rs = [post(p, run[:i]) for i in range(4, len(run) + 1, 2)]
+    assert all(r.status_code == 200 for r in rs)
+    kinds = [("cached" if is_cached_shape(r.json) else "transcript") for r in upstream.requests
+             if is_summary_call(r.json)]
+    assert kinds and kinds[0] == "cached" and kinds[1] == "transcript"
+    assert any(r.headers.get("x-ctxproxy-compacted") == "summary" for r in rs)

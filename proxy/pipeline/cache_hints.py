@@ -42,6 +42,23 @@ class CacheSettings(BaseModel):
     anthropic_models: tuple[str, ...] = ("claude*", "*/claude*", "anthropic/*")
 
 
+def cache_fields(settings: CacheSettings | None, body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+    """The cache-routing fields the agent's requests carry (the client's own first): the proxy's
+    summarizer sends the same ones so its call lands where the agent's prefix is cached."""
+    out = {k: body[k] for k in ("prompt_cache_key", "prompt_cache_retention") if k in body}
+    if settings is None or not settings.enabled:
+        return out
+    mode = settings.prompt_cache_key
+    if mode == "auto":
+        mode = "session" if "api.openai.com" in ctx.route.upstream.base_url else "off"
+    if mode != "off" and "prompt_cache_key" not in out:
+        basis = ctx.tenant + ("" if mode == "tenant" else "\0" + ctx.session)
+        out["prompt_cache_key"] = "ctx-" + hashlib.blake2b(basis.encode(), digest_size=12).hexdigest()
+    if settings.retention and "prompt_cache_retention" not in out:
+        out["prompt_cache_retention"] = settings.retention
+    return out
+
+
 def _has_mark(m: dict[str, Any]) -> bool:
     content = m.get("content")
     return "cache_control" in m or (isinstance(content, list) and any(
@@ -84,17 +101,11 @@ class CacheHints:
         return "none"
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
-        s, body = self.settings, conv.body
-        mode = s.prompt_cache_key
-        if mode == "auto":
-            mode = "session" if "api.openai.com" in ctx.route.upstream.base_url else "off"
-        if mode != "off" and "prompt_cache_key" not in body:
-            basis = ctx.tenant + ("" if mode == "tenant" else "\0" + ctx.session)
-            body["prompt_cache_key"] = "ctx-" + hashlib.blake2b(basis.encode(), digest_size=12).hexdigest()
-            conv.changed = True
-        if s.retention and "prompt_cache_retention" not in body:
-            body["prompt_cache_retention"] = s.retention
-            conv.changed = True
+        body = conv.body
+        for name, value in cache_fields(self.settings, body, ctx).items():
+            if name not in body:
+                body[name] = value
+                conv.changed = True
         style = self.style(ctx)
         if style != "none":
             self._mark(conv, style)

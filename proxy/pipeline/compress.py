@@ -29,7 +29,10 @@ from proxy.history import chain, head_end, identifiers, repair_pairing, tail_sta
 from proxy.logs import event
 from proxy.preview import read_call
 from proxy.readback import tool_name_for
-from proxy.summarizer import SummarizerError, SummarizerTarget, render, summarize
+from proxy.pipeline.cache_hints import cache_fields
+from proxy.pipeline.read_tool import has_placeholders, tools_as_sent
+from proxy.summarizer import (IN_PLACE_PROMPT, CachedPrefix, SummarizerDeclined, SummarizerError, SummarizerTarget,
+                              render, summarize, summarize_cached)
 from proxy.tokens import REPLY_PRIMING_TOKENS, default_counter
 
 PLACEHOLDER_MARK = "[ctxproxy:"  # text the proxy wrote; never cleared or offloaded again
@@ -54,6 +57,10 @@ class CompressSettings(BaseModel):
     strategy: Literal["summary", "facts"] = "summary"  # one summary call, or one call per question
     facts: tuple[str, ...] = DEFAULT_FACTS  # the questions of the facts strategy
     summary_model: str | None = None  # None: the request's model
+    # cached: re-send the conversation as the provider last saw it plus one instruction (a cache hit, whole
+    # span read); transcript: a separate prompt with the span cut to summary_input_tokens (billed in full).
+    # A different summary_model always uses the transcript shape.
+    summary_prompt: Literal["cached", "transcript"] = "cached"
     summary_input_tokens: int = Field(default=6000, ge=1000)  # the transcript is cut to this (it is billed uncached)
     summary_max_tokens: int = Field(default=2000, ge=100)  # the summary's length limit
     summary_timeout: float = Field(default=60, gt=0)  # seconds; then layer 1 / archive fallback
@@ -155,7 +162,7 @@ class Compress:
         span = msgs[h:t]
         if s.summary and not await ctx.store.get(log.breaker):
             try:
-                summary, usage = await self._summary(ctx, archive, span, tool, model)
+                summary, usage = await self._summary(conv, ctx, archive, h, t, view, tool)
                 head = msgs[:h] + [summary]
                 layer2 = with_tail(head, counts[:h] + default_counter.message_counts([summary], model))
                 if sum(layer2.counts) + fixed <= ctx.window:
@@ -173,6 +180,18 @@ class Compress:
             f"the context window and could not be summarized. Read them with {read_call(tool, handle)}]")}
         return with_tail(msgs[:h] + [note], counts[:h] + default_counter.message_counts([note], model)), "archive", \
             {"archived": len(span)}
+
+    def _cached_prefix(self, conv: Conversation, ctx: RequestContext, view: View, t: int) -> CachedPrefix | None:
+        """The agent's request up to the tail, as its provider cached it; None when the cached shape can't be used."""
+        s, model = self.settings, conv.body.get("model")
+        if s.summary_prompt != "cached" or s.summary_model not in (None, model):
+            return None
+        tools = tools_as_sent(ctx.route.section("context_read"), conv.body.get("tools"), has_placeholders(conv))
+        instruction = default_counter.count_text(IN_PLACE_PROMPT, model)
+        if sum(view.counts[:t]) + default_counter.count_tools(tools, model) + instruction + REPLY_PRIMING_TOKENS \
+                + s.summary_max_tokens > ctx.window:
+            return None
+        return CachedPrefix(view.messages[:t], tools, cache_fields(ctx.route.section("cache"), conv.body, ctx))
 
     async def _clear(self, msgs: list, counts: list, h: int, archive: Archive, tool: str,
                      model: Any) -> tuple[list, list, int]:
@@ -194,10 +213,11 @@ class Compress:
             n += 1
         return out, out_counts, n
 
-    async def _summary(self, ctx: RequestContext, archive: Archive, span: list, tool: str,
-                       model: Any) -> tuple[dict[str, Any], list]:
+    async def _summary(self, conv: Conversation, ctx: RequestContext, archive: Archive, h: int, t: int, view: View,
+                       tool: str) -> tuple[dict[str, Any], list]:
         """The summary message for a span: reused verbatim if this span was summarized before."""
-        s = self.settings
+        s, model = self.settings, conv.body.get("model")
+        span = view.messages[h:t]
         full = render(span)
         handle = content_handle("span", full)
         (known,) = await archive.decisions("summary", [handle])
@@ -209,7 +229,14 @@ class Compress:
         target = SummarizerTarget(ctx.upstream, ctx.route.upstream, ctx.upstream_headers,
                                   s.summary_model or model or "gpt-4o-mini", max(budget, _MIN_TRANSCRIPT_TOKENS),
                                   s.summary_max_tokens, s.summary_timeout)
-        text, usage = await summarize(target, span, s.facts if s.strategy == "facts" else ())
+        facts = s.facts if s.strategy == "facts" else ()
+        prefix = self._cached_prefix(conv, ctx, view, t)
+        try:
+            if prefix is None:
+                raise SummarizerDeclined("transcript shape chosen")
+            text, usage = await summarize_cached(target, prefix, facts)
+        except SummarizerDeclined:
+            text, usage = await summarize(target, span, facts)
         await archive.put_text(handle, full)
         ids, budget = [], ctx.window * s.identifiers_max_share
         for ident in identifiers(span, s.identifiers_cap):

@@ -9,7 +9,7 @@ answered by the proxy in hidden rounds (proxy/toolloop.py).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,10 +36,25 @@ class ReadToolTransform:
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         tools = conv.body.get("tools")
-        if not tools and not any(e.kind in _PLACEHOLDER_EVENTS for e in conv.events):
+        sent = tools_as_sent(self.settings, tools, has_placeholders(conv))
+        if sent is tools:
             return conv
-        name = tool_name_for(tools or [])
-        conv.body["tools"] = [*(tools or []), tool_definition(name)]
+        conv.body["tools"] = sent
         conv.changed = True
-        conv.read_tool = ReadTool(name, self.settings.rounds, self.settings.max_chars)
+        conv.read_tool = ReadTool(tool_name_for(tools or []), self.settings.rounds, self.settings.max_chars)
         return conv
+
+
+def has_placeholders(conv: Conversation) -> bool:
+    """Whether the proxy has put a placeholder naming a handle into this request so far."""
+    return any(e.kind in _PLACEHOLDER_EVENTS for e in conv.events)
+
+
+def tools_as_sent(settings: ReadToolSettings | None, tools: list[Any] | None, placeholders: bool) -> list[Any] | None:
+    """The `tools` array the provider gets: the client's, then the read tool when there is something to read.
+
+    One rule for the transform and for the summarizer's cached-shape call, which must send the same bytes.
+    """
+    if settings is None or not settings.enabled or (not tools and not placeholders):
+        return tools
+    return [*(tools or []), tool_definition(tool_name_for(tools or []))]
