@@ -321,7 +321,30 @@ DEFAULT_SETTINGS = [BASELINE, "ctxproxy-default", "ctxproxy-offload-1000"]
 COMPRESS_SETTINGS = [BASELINE, "sliding-window-20", "middle-out", "ctxproxy", "ctxproxy-no-status-bar",
                      "cliffcompaction", "ctxkeeper"]
 STATUS_BAR_SETTINGS = ["ctxproxy", "ctxproxy-no-status-bar", "ctxproxy-status-replace"]
-SETTING_GROUPS = {"offload": DEFAULT_SETTINGS, "compress": COMPRESS_SETTINGS, "status-bar": STATUS_BAR_SETTINGS}
+FRONTIER_SETTINGS = [f"ctxproxy+compress.trigger={t}" + extra for extra in ("", "+status_bar.enabled=false")
+                     for t in (0.5, 0.6, 0.7)]
+SETTING_GROUPS = {"offload": DEFAULT_SETTINGS, "compress": COMPRESS_SETTINGS, "status-bar": STATUS_BAR_SETTINGS,
+                  "frontier": FRONTIER_SETTINGS}
+
+
+def derived_setting(name: str) -> Setting | None:
+    """`ctxproxy+section.key=value+...`: ctxproxy with those defaults overridden (values read as YAML).
+
+    So a trade-off (e.g. the compaction trigger against hit rate and cost) is reproduced by naming the
+    settings on the command line, with nothing edited.
+    """
+    base, _, rest = name.partition("+")
+    if base != "ctxproxy" or not rest:
+        return None
+    defaults: dict[str, Any] = {}
+    for item in rest.split("+"):
+        key, eq, value = item.partition("=")
+        section, dot, field_ = key.partition(".")
+        if not (eq and dot and section and field_):
+            raise ValueError(f"setting {name!r}: expected section.key=value, got {item!r}")
+        defaults.setdefault(section, {})[field_] = yaml.safe_load(value)
+    return register_setting(Setting(name, f"as ctxproxy, with defaults {json.dumps(defaults)}",
+                                    {"defaults": defaults}, window_model=True))
 
 
 # --------------------------------------------------------------------------- trajectories
@@ -1223,6 +1246,28 @@ def compress_markdown(results: list[dict[str, Any]], subset: list[str]) -> str:
     return "\n".join(lines)
 
 
+def issue8_markdown(results: list[dict[str, Any]], ours: str = "ctxproxy") -> str:
+    """Issue 8's targets: among settings with no length rejection, is `ours` cheapest, best cached, best kept?"""
+    ok = [r for r in _available(results) if r["total"]["rejected"] == 0]
+    mine = next((r for r in ok if r["setting"] == ours), None)
+    if mine is None:
+        return ""
+    measures = [("lowest effective cost (cost units)", lambda t: -t["cost_units"], lambda t: f"{t['cost_units']:,.0f}"),
+                ("highest hit rate (all provider requests)", lambda t: t["hit_rate"], lambda t: _pct(t["hit_rate"])),
+                ("highest identifier retention", lambda t: t["identifiers"]["kept"] / max(1, t["identifiers"]["total"]),
+                 lambda t: _share(t["identifiers"]["kept"], t["identifiers"]["total"]))]
+    lines = [f"| issue 8 target, among the {len(ok)} settings with no length rejection | {ours} | best other "
+             "setting | met |", "|---|---:|---|---|"]
+    for label, key, show in measures:
+        others = [r for r in ok if r["setting"] != ours and not r["setting"].startswith(ours + "+")
+                  and r["setting"] not in STATUS_BAR_SETTINGS]
+        best = max(others, key=lambda r: key(r["total"]), default=None)
+        met = best is None or key(mine["total"]) > key(best["total"])
+        lines.append(f"| {label} | {show(mine['total'])} | "
+                     + (f"{best['setting']}: {show(best['total'])}" if best else "-") + f" | {'yes' if met else '**no**'} |")
+    return "\n".join(lines)
+
+
 def acceptance_compress(results: list[dict[str, Any]], window: int, subset: list[str]) -> list[dict[str, Any]]:
     """Issue 4's criteria for the `ctxproxy` setting, as written, each with the figures it rests on."""
     out = []
@@ -1417,6 +1462,12 @@ def main(argv: list[str] | None = None) -> int:
     for s in (x.strip() for x in args.settings.split(",")):
         names += SETTING_GROUPS.get(s, [s] if s else [])
     names = list(dict.fromkeys(names))
+    for n in names:
+        if n not in SETTINGS:
+            try:
+                derived_setting(n)
+            except ValueError as e:
+                ap.error(str(e))
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:
         ap.error(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)} "
@@ -1441,6 +1492,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if compress_mode:
         print(compress_markdown(results, subset))
+        verdict = issue8_markdown(results)
+        if verdict:
+            print()
+            print(verdict)
         if criteria4:
             print()
             print(criteria_markdown(criteria4, "issue 4 criterion"))

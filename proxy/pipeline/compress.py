@@ -49,7 +49,7 @@ class CompressSettings(BaseModel):
 
     enabled: bool = True
     trigger: float = Field(default=0.85, gt=0, le=1)  # compact when the prompt passes this share of the window
-    target: float = Field(default=0.35, gt=0, lt=1)  # ... down to this share (lower: fewer, larger steps)
+    target: float = Field(default=0.2, gt=0, lt=1)  # ... down to this share (lower: fewer, larger steps)
     keep_recent_tokens: int = Field(default=8000, ge=0)  # newest messages kept verbatim
     exclude_tools: tuple[str, ...] = ()  # tool results never cleared
     min_clear_tokens: int = Field(default=200, ge=1)  # smaller tool results are not worth a placeholder
@@ -61,7 +61,7 @@ class CompressSettings(BaseModel):
     # span read); transcript: a separate prompt with the span cut to summary_input_tokens (billed in full).
     # A different summary_model always uses the transcript shape.
     summary_prompt: Literal["cached", "transcript"] = "cached"
-    summary_input_tokens: int = Field(default=6000, ge=1000)  # the transcript is cut to this (it is billed uncached)
+    summary_input_tokens: int = Field(default=6000, ge=1000)  # the transcript shape is cut to this (billed uncached)
     summary_max_tokens: int = Field(default=2000, ge=100)  # the summary's length limit
     summary_timeout: float = Field(default=60, gt=0)  # seconds; then layer 1 / archive fallback
     identifiers_cap: int = Field(default=400, ge=0)  # identifiers listed verbatim under a summary
