@@ -33,6 +33,7 @@ INSTALL_TIMEOUT = 600
 KIND_COLOURS = {"direct": "#9e9e9e", "client": "#d68a3a", "external": "#6a8fc7", "ctxproxy": "#3b9c5a"}
 EXTERNAL = ("cliffcompaction", "ctxkeeper")
 CLIENT = ("sliding-window", "middle-out")
+ZOOM_HIT_RATE = 0.85  # the trade-off panel shows settings above this hit rate (the client-side ones are far off)
 
 
 def _kind(name: str) -> str:
@@ -81,7 +82,8 @@ def plot(path: str, out: str, title: str | None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data, rows = load(path)
+    data, every = load(path)
+    rows = [r for r in every if "+" not in r["setting"]]  # derived ctxproxy settings go on the trade-off panel
     names = [r["setting"] for r in rows]
     cost = [r["total"]["cost_units"] / 1e6 for r in rows]
     hit = [100 * (r["total"]["hit_rate"] or 0) for r in rows]
@@ -91,7 +93,7 @@ def plot(path: str, out: str, title: str | None) -> None:
     colours = [KIND_COLOURS[_kind(n)] for n in names]
     window = data.get("window")
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.2), dpi=110)
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(19, 5.6), dpi=100)
     x = range(len(names))
     bars = ax1.bar(x, cost, color=colours)
     for i, b in enumerate(bars):
@@ -121,6 +123,7 @@ def plot(path: str, out: str, title: str | None) -> None:
         ax.set_xticks(list(x))
         ax.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
         ax.spines[["top", "right"]].set_visible(False)
+    _tradeoff(ax3, every)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in KIND_COLOURS.values()]
     fig.legend(handles, ["no context management", "client-side", "open-source proxies", "ctxproxy"],
                loc="upper center", ncol=4, frameon=False, fontsize=9, bbox_to_anchor=(0.5, 0.93))
@@ -132,6 +135,45 @@ def plot(path: str, out: str, title: str | None) -> None:
     fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(out)
     print(f"wrote {out} ({', '.join(names)}; {commit})")
+
+
+def _trigger(name: str) -> float:
+    for part in name.split("+"):
+        if part.startswith("compress.trigger="):
+            return float(part.split("=", 1)[1])
+    return 0.85  # the default
+
+
+def _tradeoff(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """Cost against hit rate for every setting with no rejection; ctxproxy's settings joined by trigger."""
+    fine = [r for r in rows if r["total"]["rejected"] == 0 and r["total"]["hit_rate"] >= ZOOM_HIT_RATE]
+    for r in fine:
+        t, name = r["total"], r["setting"]
+        if _kind(name) == "ctxproxy" and "+" in name:
+            continue
+        x, y = 100 * t["hit_rate"], t["cost_units"] / 1e6
+        ax.scatter([x], [y], color=KIND_COLOURS[_kind(name)], s=30, zorder=3)
+        ax.annotate(name, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    lines = {"status bar on (default)": lambda n: "status_bar.enabled=false" not in n and n != "ctxproxy-no-status-bar",
+             "status bar off": lambda n: "status_bar.enabled=false" in n or n == "ctxproxy-no-status-bar"}
+    for (label, keep), style in zip(lines.items(), ("-", "--")):
+        pts = sorted((_trigger(r["setting"]), 100 * r["total"]["hit_rate"], r["total"]["cost_units"] / 1e6)
+                     for r in fine if _kind(r["setting"]) == "ctxproxy" and keep(r["setting"])
+                     and r["setting"] != "ctxproxy-status-replace")
+        if len(pts) < 2:
+            continue
+        ax.plot([p[1] for p in pts], [p[2] for p in pts], style, color=KIND_COLOURS["ctxproxy"], marker="o", ms=4,
+                label=f"ctxproxy, {label}")
+        for trig, x, y in pts:
+            ax.annotate(f"{trig:g}", (x, y), fontsize=7, xytext=(-4, -10), textcoords="offset points",
+                        color=KIND_COLOURS["ctxproxy"])
+    ax.set_xlabel("provider cache hit rate, %")
+    ax.set_ylabel("cost units, millions")
+    ax.set_title(f"Trade-off, settings with no rejection and hit rate >= {100 * ZOOM_HIT_RATE:.0f}%\n"
+                 "ctxproxy points labelled with compress.trigger; lower right is better", fontsize=10)
+    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    ax.margins(x=0.15, y=0.12)
+    ax.spines[["top", "right"]].set_visible(False)
 
 
 def main(argv: list[str] | None = None) -> int:
