@@ -142,6 +142,8 @@ async def _send(target: SummarizerTarget, fields: dict[str, Any]) -> tuple[str, 
         content = await read_body(resp, url)
     except Exception as e:  # transport, timeout, or the proxy's own mapping of them
         raise SummarizerError(f"summarizer request failed: {e}") from e
+    if resp.status_code == 400:  # e.g. over the window after all: the other shape may still go through
+        raise SummarizerDeclined("summarizer request refused (HTTP 400)")
     if resp.status_code != 200:
         raise SummarizerError(f"summarizer returned HTTP {resp.status_code}")
     try:
