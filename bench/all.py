@@ -14,7 +14,8 @@ stdout kept in DIR/<step>.txt and its JSON in DIR/<step>.json:
 
   replay-32k    replay.py --window 32000 --settings compress,ctxproxy-status-replace,frontier
   replay-128k   replay.py --window 128000 --settings compress,ctxproxy-status-replace
-  offload       replay.py --settings offload (issue 3's check, 128k)
+  offload       replay.py --settings offload (issue 3's check, 128k), and the same two ctxproxy
+                settings with the status bar off
   overhead      overhead.py --litellm (direct / ctxproxy / LiteLLM interleaved)
   scaling       scaling.py (CPU per request, 10 to 1,000 messages)
   tokens        token_count.py
@@ -51,7 +52,9 @@ def steps(out: str, src: str, quick: bool) -> list[tuple[str, list[str], dict[st
                                  "--json", f"{out}/replay-32k.json"], {}),
         ("replay-128k", replay + ["--window", "128000", "--settings", "compress,ctxproxy-status-replace",
                                   "--json", f"{out}/replay-128k.json"], {}),
-        ("offload", replay + ["--settings", "offload", "--json", f"{out}/offload.json"], {}),
+        ("offload", replay + ["--settings", "offload,ctxproxy+status_bar.enabled=false,"
+                              "ctxproxy+status_bar.enabled=false+offload.tool_result_tokens=1000",
+                              "--json", f"{out}/offload.json"], {}),
         ("overhead", [py, os.path.join(HERE, "overhead.py"), "--litellm", *(["--quick"] if quick else []),
                       "--proxy-cmd", f"{shlex.quote(py)} -m proxy.cli", "--json", f"{out}/overhead.json"], snap_env),
         ("scaling", [py, os.path.join(HERE, "scaling.py"), "--proxy-src", src, *(["--runs", "8"] if quick else []),
