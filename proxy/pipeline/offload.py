@@ -13,7 +13,10 @@ then, on any replica. The text is stored before the rewritten request leaves.
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
+from dataclasses import dataclass, field
+from itertools import compress, count
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,12 +77,81 @@ def _with_placeholder(message: dict[str, Any], placeholder: str) -> dict[str, An
 
 
 def _call_names(messages: list[dict[str, Any]]) -> dict[str, str]:
-    names = {}
+    names: dict[Any, str] = {}
     for m in messages:
-        for call in m.get("tool_calls") or ():
-            if isinstance(call, dict) and isinstance(call.get("function"), dict):
-                names[call.get("id")] = call["function"].get("name") or "?"
+        add_call_names(names, m)
     return names
+
+
+def add_call_names(names: dict[Any, str], m: dict[str, Any]) -> None:
+    for call in m.get("tool_calls") or ():
+        if isinstance(call, dict) and isinstance(call.get("function"), dict):
+            names[call.get("id")] = call["function"].get("name") or "?"
+
+
+def sized_text(m: dict[str, Any]) -> str | None:
+    """The text of a message that may be big enough to have been offloaded (cheap checks first)."""
+    if m.get("role") not in ("tool", "function", "user"):
+        return None
+    text = _text_of(m.get("content"))
+    if text is None or len(text) < MIN_THRESHOLD_TOKENS // 4:
+        return None
+    if len(text) < MIN_THRESHOLD_TOKENS and len(text.encode("utf-8", "surrogatepass")) < MIN_THRESHOLD_TOKENS:
+        return None
+    return text
+
+
+def _sized(messages: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any], str]]:
+    return [(i, m, text) for i, m in enumerate(messages) if (text := sized_text(m)) is not None]
+
+
+@dataclass
+class _Seen:
+    """What offload needs of a client history so far: tool-call names, and the messages big enough to matter."""
+
+    names: dict[Any, str] = field(default_factory=dict)
+    sized: list[tuple[int, str]] = field(default_factory=list)  # client positions and texts
+
+    def copy(self) -> _Seen:
+        return _Seen(dict(self.names), list(self.sized))
+
+    def add(self, i: int, m: dict[str, Any]) -> None:
+        add_call_names(self.names, m)
+        text = sized_text(m)
+        if text is not None:
+            self.sized.append((i, text))
+
+
+@dataclass
+class _Found:
+    names: dict[Any, str]  # over all of conv.messages
+    candidates: list[tuple[int, dict[str, Any], str]]  # (position in conv.messages, message, text)
+
+
+def _scan(conv: Conversation, owner: object) -> _Found | None:
+    """The candidates, following only the messages the session's memo does not know; None: scan them all.
+
+    The client's messages are folded (resumed where the previous request of the
+    session left off); the proxy's own messages among them (re-inserted statuses)
+    are looked at directly. Anything unusual takes the plain way.
+    """
+    if conv.memo is None:
+        return None
+    client, msgs = conv.client_messages, conv.messages
+    seen = conv.memo.fold((owner, "offload"), client, _Seen, _Seen.add, _Seen.copy)
+    if msgs is client:
+        return _Found(seen.names, [(i, client[i], text) for i, text in seen.sized])
+    at = dict(zip(map(id, msgs), count()))
+    ours = set(map(id, client))
+    if len(ours) != len(client) or sum(map(at.__contains__, ours)) != len(client):
+        return None  # a client message was taken out (a status it sent back): its calls would not count
+    others = [msgs[j] for j in compress(count(), map(operator.not_, map(ours.__contains__, map(id, msgs))))]
+    if any(m.get("tool_calls") for m in others):
+        return None
+    found = [(at[id(client[i])], client[i], text) for i, text in seen.sized]
+    found += [(at[id(m)], m, text) for m in others if (text := sized_text(m)) is not None]
+    found.sort(key=operator.itemgetter(0))
+    return _Found(seen.names, found)
 
 
 class Offload:
@@ -119,20 +191,14 @@ class Offload:
     def _candidates(self, conv: Conversation) -> list[tuple[int, str, str, str]]:
         """Messages big enough to have been offloaded, with their handles (hashed once per content)."""
         messages = conv.messages
-        names = None
+        found = _scan(conv, self)
+        names: dict[Any, str] | None = found.names if found is not None else None
         out = []
-        for i, m in enumerate(messages):
-            role = m.get("role")
-            if role not in ("tool", "function", "user"):
-                continue
-            text = _text_of(m.get("content"))
-            if text is None or len(text) < MIN_THRESHOLD_TOKENS // 4:
-                continue
-            if len(text) < MIN_THRESHOLD_TOKENS and len(text.encode("utf-8", "surrogatepass")) < MIN_THRESHOLD_TOKENS:
-                continue
+        for i, m, text in (found.candidates if found is not None else _sized(messages)):
             digest = conv.digest(m)
             known = self._handles.get(digest)
             if known is None:
+                role = m.get("role")
                 if role == "user":
                     what = "user message"
                 else:
