@@ -1,4 +1,4 @@
-"""The per-session memo is an optimisation only: with it warm, a request is rewritten and accounted exactly as without it.
+"""The per-session memo is an optimisation only: warm, a request is rewritten and accounted exactly as without it.
 
 Every scenario is sent, request by request, to two proxies on their own stores:
 one with the memo (its default), one with the memo disabled (every request
@@ -64,6 +64,10 @@ def agent_history(turns: int) -> list[dict[str, Any]]:
     return msgs
 
 
+def _own_headers(r: httpx.Response) -> dict[str, str]:
+    return {k: v for k, v in r.headers.items() if k.startswith("x-ctxproxy-") and k != "x-ctxproxy-request-id"}
+
+
 class Twin:
     """Two proxies, one warm (memo on) and one cold (memo off), fed the same requests."""
 
@@ -91,7 +95,7 @@ class Twin:
                        headers={"authorization": f"Bearer {key}", "content-type": "application/json", **headers})
         assert r.status_code == 200, r.text
         sent = self.upstream.requests[-1].body
-        return sent, {k: v for k, v in r.headers.items() if k.startswith("x-ctxproxy-") and k != "x-ctxproxy-request-id"}
+        return sent, _own_headers(r)
 
     def send(self, messages: list[dict[str, Any]], key: str = KEY, tools: list[dict[str, Any]] | None = TOOLS,
              model: str = "gpt-4o", headers: dict[str, str] | None = None) -> bytes:
@@ -116,8 +120,7 @@ class Twin:
         for p in (self.warm, self.cold):
             r = httpx.post(p.url + "/v1/chat/completions", content=body, timeout=30,
                            headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
-            answers.append((r.status_code, r.json(), {k: v for k, v in r.headers.items()
-                                                      if k.startswith("x-ctxproxy-") and k != "x-ctxproxy-request-id"}))
+            answers.append((r.status_code, r.json(), _own_headers(r)))
         assert answers[0] == answers[1] and answers[0][0] == 400
         return answers[0][1]["error"]
 
@@ -178,6 +181,7 @@ def test_an_edit_in_the_middle_and_a_truncated_history_are_recomputed(twin: Twin
         twin.send(history[:n])
     edited = [dict(m) for m in history]
     edited[12] = {**edited[12], "content": "an edited result"}
+    edited[19] = {**edited[19], "content": big(99)}  # a big tool result, offloaded: now under another handle
     for n in (30, 34, 38):
         twin.send(edited[:n])
     twin.send(edited[:16])  # the client dropped the end of its history

@@ -14,9 +14,10 @@ then, on any replica. The text is stored before the rewritten request leaves.
 from __future__ import annotations
 
 import operator
+from bisect import bisect_left
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import compress, count
+from itertools import compress, count, repeat
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -122,10 +123,16 @@ class _Seen:
             self.sized.append((i, text))
 
 
+def _row(i: int, text: str, handle_what: tuple[str, str]) -> tuple[int, str, str, str]:
+    return i, handle_what[0], text, handle_what[1]
+
+
 @dataclass
 class _Found:
     names: dict[Any, str]  # over all of conv.messages
-    candidates: list[tuple[int, dict[str, Any], str]]  # (position in conv.messages, message, text)
+    client: list[tuple[int, dict[str, Any], str]]  # (position in conv.messages, message, text), client order
+    known: int  # the first `known` of them are messages the session's memo knows
+    others: list[tuple[int, dict[str, Any], str]]  # the proxy's own messages (re-inserted statuses)
 
 
 def _scan(conv: Conversation, owner: object) -> _Found | None:
@@ -135,12 +142,14 @@ def _scan(conv: Conversation, owner: object) -> _Found | None:
     session left off); the proxy's own messages among them (re-inserted statuses)
     are looked at directly. Anything unusual takes the plain way.
     """
-    if conv.memo is None:
+    memo = conv.memo
+    if memo is None:
         return None
     client, msgs = conv.client_messages, conv.messages
-    seen = conv.memo.fold((owner, "offload"), client, _Seen, _Seen.add, _Seen.copy)
+    seen = memo.fold((owner, "offload"), client, _Seen, _Seen.add, _Seen.copy)
+    known = bisect_left(seen.sized, memo.known, key=operator.itemgetter(0))
     if msgs is client:
-        return _Found(seen.names, [(i, client[i], text) for i, text in seen.sized])
+        return _Found(seen.names, [(i, client[i], text) for i, text in seen.sized], known, [])
     at = dict(zip(map(id, msgs), count()))
     ours = set(map(id, client))
     if len(ours) != len(client) or sum(map(at.__contains__, ours)) != len(client):
@@ -148,10 +157,8 @@ def _scan(conv: Conversation, owner: object) -> _Found | None:
     others = [msgs[j] for j in compress(count(), map(operator.not_, map(ours.__contains__, map(id, msgs))))]
     if any(m.get("tool_calls") for m in others):
         return None
-    found = [(at[id(client[i])], client[i], text) for i, text in seen.sized]
-    found += [(at[id(m)], m, text) for m in others if (text := sized_text(m)) is not None]
-    found.sort(key=operator.itemgetter(0))
-    return _Found(seen.names, found)
+    return _Found(seen.names, [(at[id(client[i])], client[i], text) for i, text in seen.sized], known,
+                  [(at[id(m)], m, text) for m in others if (text := sized_text(m)) is not None])
 
 
 class Offload:
@@ -169,7 +176,7 @@ class Offload:
         read_name = tool_name_for(tools or [])
         archive = Archive(ctx.store, ctx.tenant, s.retention_days)
         found = self._candidates(conv)
-        decisions = await self._decisions(archive, ctx.tenant, [c[1] for c in found])
+        decisions = await self._decisions(archive, ctx.tenant, list(map(operator.itemgetter(1), found)))
         messages = list(conv.messages)
         events = []
         for (i, handle, text, what), decision in zip(found, decisions):
@@ -189,29 +196,52 @@ class Offload:
         return conv
 
     def _candidates(self, conv: Conversation) -> list[tuple[int, str, str, str]]:
-        """Messages big enough to have been offloaded, with their handles (hashed once per content)."""
-        messages = conv.messages
+        """Messages big enough to have been offloaded, with their handles (hashed once per content).
+
+        With the session's memo, the handles of the candidates it knows are
+        those of the previous request, as long as this process still maps their
+        digests to them; only new candidates are looked at.
+        """
         found = _scan(conv, self)
-        names: dict[Any, str] | None = found.names if found is not None else None
-        out = []
-        for i, m, text in (found.candidates if found is not None else _sized(messages)):
-            digest = conv.digest(m)
-            known = self._handles.get(digest)
-            if known is None:
-                role = m.get("role")
-                if role == "user":
-                    what = "user message"
-                else:
-                    names = names if names is not None else _call_names(messages)
-                    what = f"tool result of {names.get(m.get('tool_call_id'), m.get('name') or 'a tool')}"
-                known = self._handles[digest] = (content_handle(f"{role}:{what}", text), what)
-                if len(self._handles) > _DECISION_CACHE:
-                    self._handles.popitem(last=False)
-            out.append((i, known[0], text, known[1]))
+        if found is None:
+            names: list[dict[Any, str]] = []
+            return [_row(i, text, self._handle(conv, m, text, names)) for i, m, text in _sized(conv.messages)]
+        assert conv.memo is not None
+        k = found.known
+        digests, pairs = conv.memo.previous.get((self, "handles"), ([], []))
+        digests, pairs = digests[:k], pairs[:k]
+        if len(pairs) != k or list(map(self._handles.get, digests)) != pairs:
+            digests, pairs = [], []
+        names = [found.names]
+        for _, m, text in found.client[len(pairs):]:
+            digests.append(conv.digest(m))
+            pairs.append(self._handle(conv, m, text, names))
+        conv.memo.facts[(self, "handles")] = (digests, pairs)
+        out = [(i, handle, text, what) for (i, _, text), (handle, what) in zip(found.client, pairs)]
+        if found.others:
+            out += [_row(i, text, self._handle(conv, m, text, names)) for i, m, text in found.others]
+            out.sort(key=operator.itemgetter(0))
         return out
 
+    def _handle(self, conv: Conversation, m: dict[str, Any], text: str, names: list[dict[Any, str]]) -> tuple[str, str]:
+        """(handle, what) of a candidate, computed once per digest; `names` is filled in when first needed."""
+        digest = conv.digest(m)
+        known = self._handles.get(digest)
+        if known is None:
+            role = m.get("role")
+            if role == "user":
+                what = "user message"
+            else:
+                if not names:
+                    names.append(_call_names(conv.messages))
+                what = f"tool result of {names[0].get(m.get('tool_call_id'), m.get('name') or 'a tool')}"
+            known = self._handles[digest] = (content_handle(f"{role}:{what}", text), what)
+            if len(self._handles) > _DECISION_CACHE:
+                self._handles.popitem(last=False)
+        return known
+
     async def _decisions(self, archive: Archive, tenant: str, handles: list[str]) -> list[Any]:
-        known = [self._decided.get((tenant, h)) for h in handles]
+        known = list(map(self._decided.get, zip(repeat(tenant), handles)))
         missing = [h for h, d in zip(handles, known) if d is None]
         if missing:
             fetched = dict(zip(missing, await archive.decisions(DECISION_KIND, missing)))
