@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain, compress, count, repeat
+from itertools import chain, compress, repeat
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -19,7 +19,7 @@ from proxy.errors import BadRequest
 from proxy.jsonio import JsonStyle
 from proxy.store import Store
 from proxy.encodings import encoding_for_model
-from proxy.tokens import default_counter, message_digest
+from proxy.message_facts import MessageFacts
 from proxy.upstream import Upstream
 
 if TYPE_CHECKING:
@@ -71,57 +71,29 @@ class Conversation:
     notes: dict[str, Any] = field(default_factory=dict)  # what one transform measured for a later one
     client_messages: list[dict[str, Any]] = field(default_factory=list)  # as the client sent them
     memo: RequestMemo | None = None  # what the session's previous request left (proxy/session_memo.py)
-    # Per message object (by id; every object keyed here is held in _alive, so an id is never reused):
-    # its digest and its token count, computed once per request, or known from the previous one.
-    _digests: dict[int, bytes] = field(default_factory=dict, repr=False)
-    _counts: dict[int, int | None] = field(default_factory=dict, repr=False)
-    _alive: list[Any] = field(default_factory=list, repr=False)
+    facts: MessageFacts = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.facts = MessageFacts(self.client_messages, self._model)
+
+    def _model(self) -> str | None:
+        model = self.body.get("model")
+        return model if isinstance(model, str) else None
 
     def digest(self, message: dict[str, Any]) -> bytes:
         """message_digest, once per message object per request (transforms and accounting share it)."""
-        d = self._digests.get(id(message))
-        if d is None:
-            d = message_digest(message)
-            self._digests[id(message)] = d
-            self._alive.append(message)
-        return d
+        return self.facts.digest(message)
 
     def digests(self, messages: Sequence[dict[str, Any]]) -> list[bytes]:
-        """The digest of each message, looked up in C; only messages not seen before are hashed."""
-        out = list(map(self._digests.get, map(id, messages)))
-        if not all(out):  # digests and counts are never empty or zero: a None is missing
-            for i in list(compress(count(), map(operator.is_, out, repeat(None)))):
-                out[i] = self.digest(messages[i])
-        return out  # type: ignore[return-value]
-
-    def encoding_name(self) -> str:
-        model = self.body.get("model")
-        return encoding_for_model(model if isinstance(model, str) else None).name
+        """The digest of each message; only messages not seen before are hashed (proxy/message_facts.py)."""
+        return self.facts.digests(messages)
 
     def counts(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         """Tokens of each message for this request's model (as TokenCounter.message_counts), once per message."""
-        out = list(map(self._counts.get, map(id, messages)))
-        if not all(out):  # digests and counts are never empty or zero: a None is missing
-            missing = list(compress(count(), map(operator.is_, out, repeat(None))))
-            todo = [messages[i] for i in missing]
-            model = self.body.get("model")
-            got = default_counter.message_counts(todo, model if isinstance(model, str) else None, self.digests(todo))
-            for i, m, n in zip(missing, todo, got):
-                out[i] = self._counts[id(m)] = n  # its digest is known, so it is held in _alive
-        return out  # type: ignore[return-value]
+        return self.facts.counts(messages)
 
-    def learn(self, messages: Sequence[dict[str, Any]], digests: Sequence[bytes | None],
-              counts: Sequence[int | None] | None) -> None:
-        """Record digests (and counts, for this request's encoding) known for these objects from elsewhere."""
-        self._alive.append(messages)
-        self._digests.update(zip(map(id, messages), digests))
-        if counts is not None:
-            self._counts.update(zip(map(id, messages), counts))
-
-    def known_values(self, messages: Sequence[dict[str, Any]]) -> tuple[list[bytes | None], list[int | None]]:
-        """(digests, counts) computed for these objects so far in this request, None where not."""
-        ids = list(map(id, messages))
-        return list(map(self._digests.get, ids)), list(map(self._counts.get, ids))
+    def encoding_name(self) -> str:
+        return encoding_for_model(self._model()).name
 
     @property
     def messages(self) -> list[dict[str, Any]]:

@@ -170,9 +170,9 @@ class SessionMemo:
         memo.previous = snap.facts
         memo.leaves = {i: v for i, v in snap.leaves.items() if i < known}
         counts = snap.counts if snap.encoding == conv.encoding_name() else None
-        conv.learn(cur[:known], snap.digests[:known], counts[:known] if counts is not None else None)
+        conv.facts.learn(cur[:known], snap.digests[:known], counts[:known] if counts is not None else None)
         for obj, digest, n in snap.extras.values():
-            conv.learn((obj,), (digest,), (n,) if counts is not None else None)
+            conv.facts.learn((obj,), (digest,), (n,) if counts is not None else None)
         return known
 
     def keep(self, tenant: str, session: str, conv: Conversation) -> None:
@@ -191,11 +191,14 @@ class SessionMemo:
             found = scalar_leaves(cur[i])
             if found:
                 leaves[i] = found
-        digests, counts = conv.known_values(cur)
-        client = set(map(id, cur))
+        digests, counts = conv.facts.known(cur)
         msgs = conv.messages
-        others = list(compress(msgs, map(operator.not_, map(client.__contains__, map(id, msgs)))))
-        extras = {id(m): (m, d, n) for m, d, n in zip(others, *conv.known_values(others)) if d is not None}
+        if conv.facts.extends_client(msgs):
+            others = msgs[len(cur):]
+        else:
+            client = set(map(id, cur))
+            others = list(compress(msgs, map(operator.not_, map(client.__contains__, map(id, msgs)))))
+        extras = {id(m): (m, d, n) for m, d, n in zip(others, *conv.facts.known(others)) if d is not None}
         # The objects already held stay (this request's copies die with it, while still in the CPU's
         # caches, instead of the previous request's, long after): one allocation per message, ever.
         held = memo.held[:memo.known] + cur[memo.known:]

@@ -1,0 +1,100 @@
+"""The digest and token count of each message of one request, computed once (or known from its session's memo).
+
+Transforms and accounting each look at the whole message list; asking for a
+digest or a count message by message in Python would walk 1,000 messages
+several times per request. Here lists are looked up in C (by object id), the
+client's own list is answered from one cached list, a list that starts with the
+client's messages (the client's plus a status) reuses it, and only messages not
+seen before are hashed or counted.
+
+Every object whose id is a key here is held (`_alive`) for the request's
+lifetime, so an id can never be reused by another object meanwhile.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from itertools import compress, count, repeat
+from typing import Any
+
+from proxy.tokens import default_counter, message_digest
+
+Message = dict[str, Any]
+
+
+class MessageFacts:
+    def __init__(self, client: list[Message], model: Callable[[], str | None]) -> None:
+        self.client = client
+        self._model = model
+        self._digests: dict[int, bytes] = {}
+        self._counts: dict[int, int | None] = {}
+        self._alive: list[Any] = [client]
+        self._client_digests: list[bytes] | None = None
+        self._client_counts: list[int] | None = None
+
+    def digest(self, message: Message) -> bytes:
+        d = self._digests.get(id(message))
+        if d is None:
+            d = message_digest(message)
+            self._digests[id(message)] = d
+            self._alive.append(message)
+        return d
+
+    def digests(self, messages: Sequence[Message]) -> list[bytes]:
+        """The digest of each message; only messages not seen before are hashed."""
+        return self._by_list(messages, self._digest_list, "_client_digests")
+
+    def counts(self, messages: Sequence[Message]) -> list[int]:
+        """Tokens of each message for the request's model (as TokenCounter.message_counts)."""
+        return self._by_list(messages, self._count_list, "_client_counts")
+
+    def learn(self, messages: Sequence[Message], digests: Sequence[bytes | None],
+              counts: Sequence[int | None] | None) -> None:
+        """Digests (and counts, for the request's encoding) known for these objects from elsewhere."""
+        self._alive.append(messages)
+        self._digests.update(zip(map(id, messages), digests))
+        if counts is not None:
+            self._counts.update(zip(map(id, messages), counts))
+
+    def known(self, messages: Sequence[Message]) -> tuple[list[bytes | None], list[int | None]]:
+        """(digests, counts) computed for these objects so far, None where not."""
+        ids = list(map(id, messages))
+        return list(map(self._digests.get, ids)), list(map(self._counts.get, ids))
+
+    # -- lists
+
+    def extends_client(self, messages: Sequence[Message]) -> bool:
+        """Whether `messages` starts with the client's message objects, all of them, in order."""
+        client = self.client
+        n = len(client)
+        return messages is client or (len(messages) >= n and (n == 0 or messages[n - 1] is client[-1])
+                                      and all(map(operator.is_, messages, client)))
+
+    def _by_list(self, messages: Sequence[Message], compute: Callable[[Sequence[Message]], list[Any]],
+                 cache: str) -> list[Any]:
+        n = len(self.client)
+        if n and self.extends_client(messages):
+            whole = getattr(self, cache)
+            if whole is None:
+                whole = compute(self.client)
+                setattr(self, cache, whole)
+            return whole + compute(messages[n:]) if len(messages) > n else list(whole)
+        return compute(messages)
+
+    def _digest_list(self, messages: Sequence[Message]) -> list[bytes]:
+        out = list(map(self._digests.get, map(id, messages)))
+        if not all(out):  # a digest is never empty: a None is one not known yet
+            for i in list(compress(count(), map(operator.is_, out, repeat(None)))):
+                out[i] = self.digest(messages[i])
+        return out  # type: ignore[return-value]
+
+    def _count_list(self, messages: Sequence[Message]) -> list[int]:
+        out = list(map(self._counts.get, map(id, messages)))
+        if not all(out):  # a count is never zero (every message costs its overhead): a None is one not known yet
+            missing = list(compress(count(), map(operator.is_, out, repeat(None))))
+            todo = [messages[i] for i in missing]
+            got = default_counter.message_counts(todo, self._model(), self._digest_list(todo))
+            for i, m, n in zip(missing, todo, got):
+                out[i] = self._counts[id(m)] = n  # its digest is known, so it is held in _alive
+        return out  # type: ignore[return-value]
