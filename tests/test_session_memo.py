@@ -157,9 +157,12 @@ def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
     yield clock
 
 
-@pytest.fixture
-def twin(upstream: Any, tmp_path: Any, fixed_clock: list[float]) -> Iterator[Twin]:
-    with Twin(upstream, tmp_path, defaults={"offload": {"tool_result_tokens": 1000}}) as t:
+@pytest.fixture(params=["status-append", "status-replace", "no-status-bar"])
+def twin(request: pytest.FixtureRequest, upstream: Any, tmp_path: Any, fixed_clock: list[float]) -> Iterator[Twin]:
+    """Status bar settings change what the other transforms see (statuses re-inserted in the history or not)."""
+    status = {"status-append": {}, "status-replace": {"mode": "replace"},
+              "no-status-bar": {"enabled": False}}[request.param]
+    with Twin(upstream, tmp_path, defaults={"offload": {"tool_result_tokens": 1000}, "status_bar": status}) as t:
         t.clock = fixed_clock
         yield t
 

@@ -130,8 +130,9 @@ def _row(i: int, text: str, handle_what: tuple[str, str]) -> tuple[int, str, str
 @dataclass
 class _Found:
     names: dict[Any, str]  # over all of conv.messages
-    client: list[tuple[int, dict[str, Any], str]]  # (position in conv.messages, message, text), client order
+    sized: list[tuple[int, str]]  # the client's candidates: (client position, text)
     known: int  # the first `known` of them are messages the session's memo knows
+    at: dict[int, int] | None  # id -> position in conv.messages; None: positions are the client's
     others: list[tuple[int, dict[str, Any], str]]  # the proxy's own messages (re-inserted statuses)
 
 
@@ -149,7 +150,7 @@ def _scan(conv: Conversation, owner: object) -> _Found | None:
     seen = memo.fold((owner, "offload"), client, _Seen, _Seen.add, _Seen.copy)
     known = bisect_left(seen.sized, memo.known, key=operator.itemgetter(0))
     if msgs is client:
-        return _Found(seen.names, [(i, client[i], text) for i, text in seen.sized], known, [])
+        return _Found(seen.names, seen.sized, known, None, [])
     at = dict(zip(map(id, msgs), count()))
     ours = set(map(id, client))
     if len(ours) != len(client) or sum(map(at.__contains__, ours)) != len(client):
@@ -157,7 +158,7 @@ def _scan(conv: Conversation, owner: object) -> _Found | None:
     others = [msgs[j] for j in compress(count(), map(operator.not_, map(ours.__contains__, map(id, msgs))))]
     if any(m.get("tool_calls") for m in others):
         return None
-    return _Found(seen.names, [(at[id(client[i])], client[i], text) for i, text in seen.sized], known,
+    return _Found(seen.names, seen.sized, known, at,
                   [(at[id(m)], m, text) for m in others if (text := sized_text(m)) is not None])
 
 
@@ -179,9 +180,8 @@ class Offload:
         decisions = await self._decisions(archive, ctx.tenant, list(map(operator.itemgetter(1), found)))
         messages = list(conv.messages)
         events = []
-        for (i, handle, text, what), decision in zip(found, decisions):
-            if decision is False:
-                continue
+        for j in compress(count(), map(operator.is_not, decisions, repeat(False))):  # not those known to stay
+            (i, handle, text, what), decision = found[j], decisions[j]
             if decision is None:
                 decision = await self._decide(archive, conv, messages[i], handle, text, what, read_name, ctx.window)
                 self._remember(ctx.tenant, handle, decision or False)
@@ -206,21 +206,28 @@ class Offload:
         if found is None:
             names: list[dict[Any, str]] = []
             return [_row(i, text, self._handle(conv, m, text, names)) for i, m, text in _sized(conv.messages)]
-        assert conv.memo is not None
+        memo, client = conv.memo, conv.client_messages
+        assert memo is not None
         k = found.known
-        digests, pairs = conv.memo.previous.get((self, "handles"), ([], []))
+        digests, pairs = memo.previous.get((self, "handles"), ([], []))
         digests, pairs = digests[:k], pairs[:k]
         if len(pairs) != k or list(map(self._handles.get, digests)) != pairs:
             digests, pairs = [], []
+        k = len(pairs)
         names = [found.names]
-        for _, m, text in found.client[len(pairs):]:
-            digests.append(conv.digest(m))
-            pairs.append(self._handle(conv, m, text, names))
-        conv.memo.facts[(self, "handles")] = (digests, pairs)
-        out = [(i, handle, text, what) for (i, _, text), (handle, what) in zip(found.client, pairs)]
-        if found.others:
-            out += [_row(i, text, self._handle(conv, m, text, names)) for i, m, text in found.others]
-            out.sort(key=operator.itemgetter(0))
+        for i, text in found.sized[k:]:
+            digests.append(conv.digest(client[i]))
+            pairs.append(self._handle(conv, client[i], text, names))
+        memo.facts[(self, "handles")] = (digests, pairs)
+        if found.at is None:  # rows as the previous request had them, while the handles stand
+            rows = memo.previous.get((self, "rows"), [])[:k]
+            rows += [(i, h, text, what) for (i, text), (h, what) in zip(found.sized[len(rows):], pairs[len(rows):])]
+            memo.facts[(self, "rows")] = rows
+            return list(rows)
+        at = found.at
+        out = [(at[id(client[i])], h, text, what) for (i, text), (h, what) in zip(found.sized, pairs)]
+        out += [_row(i, text, self._handle(conv, m, text, names)) for i, m, text in found.others]
+        out.sort(key=operator.itemgetter(0))
         return out
 
     def _handle(self, conv: Conversation, m: dict[str, Any], text: str, names: list[dict[Any, str]]) -> tuple[str, str]:
@@ -242,10 +249,11 @@ class Offload:
 
     async def _decisions(self, archive: Archive, tenant: str, handles: list[str]) -> list[Any]:
         known = list(map(self._decided.get, zip(repeat(tenant), handles)))
-        missing = [h for h, d in zip(handles, known) if d is None]
+        missing = list(compress(handles, map(operator.is_, known, repeat(None))))
         if missing:
             fetched = dict(zip(missing, await archive.decisions(DECISION_KIND, missing)))
-            known = [d if d is not None else fetched.get(h) for h, d in zip(handles, known)]
+            for j in list(compress(count(), map(operator.is_, known, repeat(None)))):
+                known[j] = fetched.get(handles[j])
             for h in missing:
                 if fetched.get(h) is not None:
                     self._remember(tenant, h, fetched[h])
