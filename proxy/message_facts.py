@@ -23,6 +23,16 @@ from proxy.tokens import default_counter, message_digest
 Message = dict[str, Any]
 
 
+_LISTS_KEPT = 4  # whole lists remembered per request (the client's, with statuses, as sent, ...)
+
+
+def _extends(messages: Sequence[Message], objs: Sequence[Message]) -> bool:
+    """Whether `messages` starts with exactly the objects `objs`, in order (checked in C)."""
+    n = len(objs)
+    return messages is objs or (len(messages) >= n and (n == 0 or messages[n - 1] is objs[-1])
+                                and all(map(operator.is_, messages, objs)))
+
+
 class MessageFacts:
     def __init__(self, client: list[Message], model: Callable[[], str | None]) -> None:
         self.client = client
@@ -30,8 +40,8 @@ class MessageFacts:
         self._digests: dict[int, bytes] = {}
         self._counts: dict[int, int | None] = {}
         self._alive: list[Any] = [client]
-        self._client_digests: list[bytes] | None = None
-        self._client_counts: list[int] | None = None
+        # Whole lists answered before: (their objects, digests or None, counts or None), newest first.
+        self._lists: list[tuple[tuple[Message, ...], list[bytes] | None, list[int] | None]] = []
 
     def digest(self, message: Message) -> bytes:
         d = self._digests.get(id(message))
@@ -43,11 +53,11 @@ class MessageFacts:
 
     def digests(self, messages: Sequence[Message]) -> list[bytes]:
         """The digest of each message; only messages not seen before are hashed."""
-        return self._by_list(messages, self._digest_list, "_client_digests")
+        return self._by_list(messages, self._digest_list, 1)
 
     def counts(self, messages: Sequence[Message]) -> list[int]:
         """Tokens of each message for the request's model (as TokenCounter.message_counts)."""
-        return self._by_list(messages, self._count_list, "_client_counts")
+        return self._by_list(messages, self._count_list, 2)
 
     def learn(self, messages: Sequence[Message], digests: Sequence[bytes | None],
               counts: Sequence[int | None] | None) -> None:
@@ -66,21 +76,32 @@ class MessageFacts:
 
     def extends_client(self, messages: Sequence[Message]) -> bool:
         """Whether `messages` starts with the client's message objects, all of them, in order."""
-        client = self.client
-        n = len(client)
-        return messages is client or (len(messages) >= n and (n == 0 or messages[n - 1] is client[-1])
-                                      and all(map(operator.is_, messages, client)))
+        return _extends(messages, self.client)
 
     def _by_list(self, messages: Sequence[Message], compute: Callable[[Sequence[Message]], list[Any]],
-                 cache: str) -> list[Any]:
-        n = len(self.client)
-        if n and self.extends_client(messages):
-            whole = getattr(self, cache)
-            if whole is None:
-                whole = compute(self.client)
-                setattr(self, cache, whole)
-            return whole + compute(messages[n:]) if len(messages) > n else list(whole)
-        return compute(messages)
+                 slot: int) -> list[Any]:
+        """`compute` per message, reusing the answer for a list asked before that `messages` starts with.
+
+        The transforms pass the same lists, or one plus a message (the new
+        status), several times per request; a list is recognised by the
+        identity of each of its objects (in C), so a list changed in place is
+        never mistaken for the one it was.
+        """
+        if not messages:
+            return []
+        for n, entry in enumerate(self._lists):
+            if _extends(messages, entry[0]):
+                whole = entry[slot]
+                if whole is None:
+                    whole = compute(entry[0])
+                    self._lists[n] = (entry[0], whole, entry[2]) if slot == 1 else (entry[0], entry[1], whole)
+                m = len(entry[0])
+                return whole + compute(messages[m:]) if len(messages) > m else list(whole)
+        out = compute(messages)
+        objs = tuple(messages)
+        self._lists.insert(0, (objs, out, None) if slot == 1 else (objs, None, out))
+        del self._lists[_LISTS_KEPT:]
+        return list(out)
 
     def _digest_list(self, messages: Sequence[Message]) -> list[bytes]:
         out = list(map(self._digests.get, map(id, messages)))
