@@ -33,6 +33,16 @@ def _extends(messages: Sequence[Message], objs: Sequence[Message]) -> bool:
                                 and all(map(operator.is_, messages, objs)))
 
 
+def _spliced(base: Sequence[Any], at: Sequence[int], items: Sequence[Any]) -> list[Any]:
+    out: list[Any] = []
+    done = 0
+    for k, item in zip(at, items):
+        out += base[done:k]
+        out.append(item)
+        done = k
+    return out + list(base[done:])
+
+
 class MessageFacts:
     def __init__(self, client: list[Message], model: Callable[[], str | None]) -> None:
         self.client = client
@@ -42,6 +52,8 @@ class MessageFacts:
         self._alive: list[Any] = [client]
         # Whole lists answered before: (their objects, digests or None, counts or None), newest first.
         self._lists: list[tuple[tuple[Message, ...], list[bytes] | None, list[int] | None]] = []
+        # The session memo's facts of the client's first messages: (objects, digests, counts or None).
+        self._prefix: tuple[tuple[Message, ...], list[bytes | None], list[int | None] | None] | None = None
 
     def digest(self, message: Message) -> bytes:
         d = self._digests.get(id(message))
@@ -67,10 +79,36 @@ class MessageFacts:
         if counts is not None:
             self._counts.update(zip(map(id, messages), counts))
 
+    def seed(self, known: int, digests: Sequence[bytes | None], counts: Sequence[int | None] | None) -> None:
+        """Facts of the client's first `known` messages, from the session's memo: the client's own list is
+        then answered from them plus its new messages, and other lists find them by object."""
+        head = self.client[:known]
+        self.learn(head, digests, counts)
+        objs = tuple(self.client)
+        self._prefix = (objs, list(digests), list(counts) if counts is not None else None)
+        self._lists.insert(0, (objs, None, None))
+
     def known(self, messages: Sequence[Message]) -> tuple[list[bytes | None], list[int | None]]:
         """(digests, counts) computed for these objects so far, None where not."""
+        for entry in self._lists:
+            if entry[1] is not None and entry[2] is not None and len(entry[0]) == len(messages) \
+                    and _extends(messages, entry[0]):
+                return list(entry[1]), list(entry[2])
         ids = list(map(id, messages))
         return list(map(self._digests.get, ids)), list(map(self._counts.get, ids))
+
+    def insert(self, base: list[Message], at: Sequence[int], items: Sequence[Message]) -> list[Message]:
+        """`base` with `items[j]` inserted before position `at[j]` (ascending), as a new list; when `base`
+        was answered before, the new list's digests and counts follow from it by the same slicing."""
+        out = _spliced(base, at, items)
+        for n, entry in enumerate(self._lists):
+            if len(entry[0]) == len(base) and _extends(base, entry[0]):
+                digests = _spliced(self._whole(n, 1, self._digest_list), at, self._digest_list(items))
+                counts = _spliced(self._whole(n, 2, self._count_list), at, self._count_list(items))
+                self._lists.insert(0, (tuple(out), digests, counts))
+                del self._lists[_LISTS_KEPT:]
+                break
+        return out
 
     # -- lists
 
@@ -91,10 +129,7 @@ class MessageFacts:
             return []
         for n, entry in enumerate(self._lists):
             if _extends(messages, entry[0]):
-                whole = entry[slot]
-                if whole is None:
-                    whole = compute(entry[0])
-                    self._lists[n] = (entry[0], whole, entry[2]) if slot == 1 else (entry[0], entry[1], whole)
+                whole = self._whole(n, slot, compute)
                 m = len(entry[0])
                 return whole + compute(messages[m:]) if len(messages) > m else list(whole)
         out = compute(messages)
@@ -102,6 +137,20 @@ class MessageFacts:
         self._lists.insert(0, (objs, out, None) if slot == 1 else (objs, None, out))
         del self._lists[_LISTS_KEPT:]
         return list(out)
+
+    def _whole(self, n: int, slot: int, compute: Callable[[Sequence[Message]], list[Any]]) -> list[Any]:
+        """Slot 1 (digests) or 2 (counts) of remembered list n, computed once (the memo's prefix reused)."""
+        entry = self._lists[n]
+        whole = entry[slot]
+        if whole is None:
+            objs = entry[0]
+            known = self._prefix[slot] if self._prefix is not None and objs is self._prefix[0] else None
+            if known and all(known):
+                whole = known + compute(objs[len(known):])
+            else:
+                whole = compute(objs)
+            self._lists[n] = (objs, whole, entry[2]) if slot == 1 else (objs, entry[1], whole)
+        return whole
 
     def _digest_list(self, messages: Sequence[Message]) -> list[bytes]:
         out = list(map(self._digests.get, map(id, messages)))

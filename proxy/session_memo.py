@@ -170,7 +170,7 @@ class SessionMemo:
         memo.previous = snap.facts
         memo.leaves = {i: v for i, v in snap.leaves.items() if i < known}
         counts = snap.counts if snap.encoding == conv.encoding_name() else None
-        conv.facts.learn(cur[:known], snap.digests[:known], counts[:known] if counts is not None else None)
+        conv.facts.seed(known, snap.digests[:known], counts[:known] if counts is not None else None)
         for obj, digest, n in snap.extras.values():
             conv.facts.learn((obj,), (digest,), (n,) if counts is not None else None)
         return known

@@ -94,18 +94,16 @@ class StatusHistory:
         at: dict[int, dict[str, Any]] = {}
         for e in entries:
             at.setdefault(e["k"], e)
-        out: list[dict[str, Any]] = []
-        done = 0
-        for k in sorted(k for k in at if 1 <= k <= len(raw)):  # slices: no Python step per message
+        ks, statuses = [], []
+        for k in sorted(k for k in at if 1 <= k <= len(raw)):  # no Python step per message
             e = at[k]
             if e["prev"] == conv.digest(raw[k - 1]).hex()[:_PREV_HEX]:
-                out += raw[done:k]
+                ks.append(k)
                 # one object per recorded status, reused by later requests (its digest and count are memoized)
-                out.append(e.get("_message") or e.setdefault("_message", {"role": self.settings.role,
-                                                                            "content": e["content"]}))
-                done = k
-        if done or raw is not conv.messages:
-            conv.set_messages(out + raw[done:])
+                statuses.append(e.get("_message") or e.setdefault("_message", {"role": self.settings.role,
+                                                                                "content": e["content"]}))
+        if ks or raw is not conv.messages:
+            conv.set_messages(conv.facts.insert(raw, ks, statuses))
         return conv
 
     def _progress(self, conv: Conversation) -> Progress:
