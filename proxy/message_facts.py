@@ -2,13 +2,17 @@
 
 Transforms and accounting each look at the whole message list; asking for a
 digest or a count message by message in Python would walk 1,000 messages
-several times per request. Here lists are looked up in C (by object id), the
-client's own list is answered from one cached list, a list that starts with the
-client's messages (the client's plus a status) reuses it, and only messages not
-seen before are hashed or counted.
+several times per request. Here a list asked for before (the client's, the
+client's with earlier statuses re-inserted, either plus the new status) is
+answered from that answer plus its new tail; the client's own list from the
+session memo's prefix plus its new messages; a list made by inserting messages
+into a known one (`insert`) by slicing the known answer; anything else by
+object id, in C. Only messages not seen before are hashed or counted.
 
 Every object whose id is a key here is held (`_alive`) for the request's
-lifetime, so an id can never be reused by another object meanwhile.
+lifetime, so an id can never be reused by another object meanwhile; lists are
+recognised by the identity of every object in them, so a list changed in place
+is never taken for the one it was.
 """
 
 from __future__ import annotations
