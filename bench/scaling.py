@@ -43,8 +43,13 @@ Configs: ``default`` (built-in defaults: status bar on, append mode; offload,
 cache hints, accounting) and ``no-status-bar`` (``status_bar.enabled: false``),
 both with ``models: {gpt-4o: {context_window: 1000000}}`` so that nothing
 compacts (compaction is an occasional cost, not a per-request one; the mock is
-told the same window). Then the largest size is run again under cProfile for
-each config and the top entries (by own time and by cumulative time) are
+told the same window). Beside them, measured the same way in the same run, the
+``passthrough`` reference (``passthrough_app``): a FastAPI route that only does
+``orjson.loads`` + ``orjson.dumps`` of the body and forwards it with the
+proxy's upstream client, the floor for any proxy that reads and re-sends the
+body; the report prints each config's CPU minus the reference's (the proxy's
+own added CPU). Then the largest size is run again under cProfile for each
+proxy config and the top entries (by own time and by cumulative time) are
 printed: where the time goes.
 
 Usage: ``python bench/scaling.py [--sizes 10,50,100,200,500,1000] [--runs 20]
@@ -83,6 +88,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
     "no-status-bar": {"defaults": {"status_bar": {"enabled": False}}},
 }
+# Not a proxy config: the reference floor, see passthrough_app.
+PASSTHROUGH = "passthrough"
 
 
 def _setup_path(proxy_src: str | None) -> None:
@@ -204,6 +211,51 @@ class AsgiApp:
         return status, b"".join(chunks)
 
 
+def passthrough_app(mock_url: str) -> Any:
+    """The reference: what any proxy that reads the body and re-sends it pays, and nothing more.
+
+    A FastAPI app with one route: ``orjson.loads`` of the body, ``orjson.dumps``
+    of it, sent upstream with the proxy's own upstream client (same transport,
+    same header handling), the answer read whole and returned. No route, tenant,
+    session, pipeline, store, accounting or log. Measured like the proxy, the
+    difference is the CPU ctxproxy adds on top of parsing, re-serialising and
+    sending the bytes.
+    """
+    from contextlib import asynccontextmanager
+
+    import orjson
+    from fastapi import FastAPI
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from proxy.config import UpstreamSettings
+    from proxy.upstream import Upstream, read_body, request_headers
+
+    settings = UpstreamSettings(base_url=mock_url)
+    url = mock_url.rstrip("/") + "/chat/completions"
+    held: dict[str, Upstream] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        held["upstream"] = Upstream()
+        try:
+            yield
+        finally:
+            await held["upstream"].aclose()
+
+    async def chat(request: Request) -> Response:
+        payload = orjson.dumps(orjson.loads(await request.body()))
+        headers = request_headers(request.headers.items(), settings, identity_encoding=True)
+        resp = await held["upstream"].send("POST", url, headers, payload, settings)
+        content = await read_body(resp, url)
+        return Response(content, status_code=resp.status_code, media_type="application/json")
+
+    chat.__annotations__ = {"request": Request, "return": Response}  # real types, for FastAPI (future annotations)
+    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])  # as the proxy's own route
+    return app
+
+
 # --------------------------------------------------------------------------- measurement
 
 def _p(xs: list[float], q: float) -> float:
@@ -230,9 +282,14 @@ async def measure_config(name: str, extra: dict[str, Any], mock_url: str, histor
     lg.setLevel(logging.INFO)
     lg.propagate = False
 
-    asgi = AsgiApp(create_app(settings))
+    reference = name == PASSTHROUGH
+    asgi = AsgiApp(passthrough_app(mock_url) if reference else create_app(settings))
     await asgi.start()
-    state = asgi.app.state.proxy
+
+    async def drain() -> None:  # the proxy's deferred accounting write, counted in its request
+        if not reference:
+            await asgi.app.state.proxy.accounting.drain()
+
     path = "/v1/chat/completions"
     rows: list[dict[str, Any]] = []
     profiles: dict[str, str] = {}
@@ -244,7 +301,7 @@ async def measure_config(name: str, extra: dict[str, Any], mock_url: str, histor
             status, content = await asgi.post(path, body(history[: n - 1], tools), key)
             if status != 200:
                 raise SystemExit(f"{name} n={n}: seed request got HTTP {status}: {content[:300]!r}")
-            await state.accounting.drain()
+            await drain()
             bodies = [body(history[: n - 1] + [variant(history[n - 1], k)], tools) for k in range(warm + runs)]
             cpu, wall, ids = [], [], []
             prof = cProfile.Profile() if profiling else None
@@ -259,7 +316,7 @@ async def measure_config(name: str, extra: dict[str, Any], mock_url: str, histor
                     prof.enable()
                 c0, w0 = time.process_time_ns(), time.perf_counter_ns()
                 status, content = await asgi.post(path, payload, key)
-                await state.accounting.drain()
+                await drain()
                 c1, w1 = time.process_time_ns(), time.perf_counter_ns()
                 if prof is not None and measured:
                     prof.disable()
@@ -391,6 +448,20 @@ def print_report(res: dict[str, Any]) -> None:
         if c["log_warnings_or_errors"]:
             print(f"  {c['config']}: {len(c['log_warnings_or_errors'])} warning/error lines in the proxy log, "
                   f"first: {c['log_warnings_or_errors'][0]}")
+    ref = next((c for c in confs if c["config"] == PASSTHROUGH), None)
+    proxies = [c for c in confs if c["config"] != PASSTHROUGH]
+    if ref is not None and proxies:
+        print()
+        print(f"The proxy's own CPU: its cpu median minus the {PASSTHROUGH} reference's (orjson loads + dumps of the "
+              f"body, sent upstream and the answer returned; same app framework, upstream client and mock)")
+        hdr = f"{'messages':>8} {PASSTHROUGH + ' ms':>16}" + "".join(f" | {c['config'] + ' own ms':>22}" for c in proxies)
+        print(hdr)
+        print("-" * len(hdr))
+        for i, r in enumerate(ref["rows"]):
+            line = f"{r['messages']:>8} {r['cpu_ms']['median']:>16.3f}"
+            for c in proxies:
+                line += f" | {c['rows'][i]['cpu_ms']['median'] - r['cpu_ms']['median']:>22.3f}"
+            print(line)
     for c in confs:
         for label, text in c["profiles"].items():
             print()
@@ -403,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="history sizes (messages)")
     ap.add_argument("--runs", type=int, default=20, help="measured requests per size and config")
     ap.add_argument("--warm", type=int, default=3, help="unmeasured requests per size and config first")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"from: {', '.join(CONFIGS)}")
+    ap.add_argument("--configs", default=",".join([*CONFIGS, PASSTHROUGH]),
+                    help=f"from: {', '.join(CONFIGS)}, {PASSTHROUGH} (the reference floor)")
     ap.add_argument("--proxy-src", help="directory holding the `proxy` package to import (e.g. a git archive)")
     ap.add_argument("--no-profile", action="store_true", help="skip the cProfile pass at the largest size")
     ap.add_argument("--max-seconds", type=float, default=120.0, help="time budget per size and config")
@@ -412,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_path(args.proxy_src)
     sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
     names = [x.strip() for x in args.configs.split(",") if x.strip()]
-    unknown = [n for n in names if n not in CONFIGS]
+    unknown = [n for n in names if n not in CONFIGS and n != PASSTHROUGH]
     if unknown or not sizes or sizes[0] < 2:
         ap.error(f"unknown config(s) {unknown} or bad sizes {sizes}")
 
@@ -444,8 +516,9 @@ def main(argv: list[str] | None = None) -> int:
                 out = []
                 for n in names:
                     print(f"config {n} ...", flush=True)
-                    out.append(await measure_config(n, CONFIGS[n], mock_url, history, tools, sizes, args.runs,
-                                                    args.warm, tmp, None if args.no_profile else max(sizes),
+                    out.append(await measure_config(n, CONFIGS.get(n, {}), mock_url, history, tools, sizes, args.runs,
+                                                    args.warm, tmp,
+                                                    None if args.no_profile or n == PASSTHROUGH else max(sizes),
                                                     args.max_seconds))
                 return out
 

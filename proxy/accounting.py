@@ -101,16 +101,16 @@ class Accountant:
 
     def trace(self, conv: Conversation, ctx: RequestContext) -> Trace:
         model = conv.body.get("model")
-        unmarked = conv.notes.get("unmarked", {})  # cache markers are not content
-        sent = [unmarked.get(i, m) for i, m in enumerate(conv.messages)]
+        sent = list(conv.messages)
+        for i, m in conv.notes.get("unmarked", {}).items():  # cache markers are not content
+            sent[i] = m
         tools = conv.body.get("tools") or []
-        digests = [conv.digest(m) for m in sent]
+        digests = conv.digests(sent)
         compaction = max((e.detail.get("version", 0) for e in conv.events if e.kind == "compaction"), default=0)
         system = 0
         while system < len(conv.client_messages) and conv.client_messages[system].get("role") in ("system", "developer"):
             system += 1
-        return Trace(raw=[conv.digest(m) for m in conv.client_messages], system=system, sent=digests,
-                     counts=default_counter.message_counts(sent, model, digests),
+        return Trace(raw=conv.digests(conv.client_messages), system=system, sent=digests, counts=conv.counts(sent),
                      tools=message_digest({"tools": tools}) if tools else b"",
                      tool_names=[str((t.get("function") or {}).get("name") or t.get("name")) for t in tools
                                  if isinstance(t, dict)],

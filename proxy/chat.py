@@ -53,7 +53,12 @@ async def chat_completions(request: Request) -> Response:
     try:
         raw = await read_body(request, st.settings.server.max_body_bytes)
         conv = Conversation.parse(raw)
-        ctx = await _context(st, request, conv, str(log["request_id"]))
+        try:
+            ctx = await _context(st, request, conv, str(log["request_id"]))
+        except Exception:
+            conv.check_messages()  # a bad body is reported first, as it always has been
+            raise
+        conv.check_messages(st.memo.recall(ctx.tenant, ctx.session, conv))
         log.update(route=ctx.route.name, model=ctx.model, session=ctx.session, tenant=ctx.tenant, stream=ctx.stream,
                    messages=len(conv.messages), bytes_in=len(raw))
         headers.update({"x-ctxproxy-route": ctx.route.name, "x-ctxproxy-session": ctx.session})
@@ -79,6 +84,7 @@ async def chat_completions(request: Request) -> Response:
     outcome = Outcome(overhead_s=t_sent - t0, upstream_s=time.perf_counter() - t_sent,
                       own=usage_from_events(conv))
     trace = st.accounting.trace(conv, ctx)
+    st.memo.keep(ctx.tenant, ctx.session, conv)
     check = await st.accounting.check(ctx, trace)
     headers.update(event_headers(conv, check))
     log.update(rewritten=conv.changed, overhead_ms=round(outcome.overhead_s * 1000, 3),
@@ -163,7 +169,9 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, sen
     event("learned context window from provider", request_id=ctx.request_id, route=ctx.route.name,
           model=ctx.model, window=limit)
     ctx = dataclasses.replace(ctx, window=limit)
-    conv = await run_pipeline(st.pipelines[ctx.route.name], Conversation.parse(conv.raw), ctx)
+    conv = Conversation.parse(conv.raw)
+    st.memo.recall(ctx.tenant, ctx.session, conv)
+    conv = await run_pipeline(st.pipelines[ctx.route.name], conv, ctx)
     _ask_for_usage(conv, ctx)
     return await send(conv.to_bytes()), conv, ctx
 

@@ -6,8 +6,11 @@ changed, `to_bytes()` returns exactly the bytes the client sent.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import chain, compress, repeat
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -15,8 +18,12 @@ from proxy.config import Route
 from proxy.errors import BadRequest
 from proxy.jsonio import JsonStyle
 from proxy.store import Store
-from proxy.tokens import message_digest
+from proxy.encodings import encoding_for_model
+from proxy.message_facts import MessageFacts
 from proxy.upstream import Upstream
+
+if TYPE_CHECKING:
+    from proxy.session_memo import RequestMemo
 
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 # orjson re-serializes at most this deep; a body the proxy could not write back is refused up front.
@@ -63,16 +70,30 @@ class Conversation:
     read_tool: ReadTool | None = None
     notes: dict[str, Any] = field(default_factory=dict)  # what one transform measured for a later one
     client_messages: list[dict[str, Any]] = field(default_factory=list)  # as the client sent them
-    _digests: dict[int, tuple[dict[str, Any], bytes]] = field(default_factory=dict, repr=False)
+    memo: RequestMemo | None = None  # what the session's previous request left (proxy/session_memo.py)
+    facts: MessageFacts = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.facts = MessageFacts(self.client_messages, self._model)
+
+    def _model(self) -> str | None:
+        model = self.body.get("model")
+        return model if isinstance(model, str) else None
 
     def digest(self, message: dict[str, Any]) -> bytes:
         """message_digest, once per message object per request (transforms and accounting share it)."""
-        hit = self._digests.get(id(message))
-        if hit is not None and hit[0] is message:
-            return hit[1]
-        d = message_digest(message)
-        self._digests[id(message)] = (message, d)
-        return d
+        return self.facts.digest(message)
+
+    def digests(self, messages: Sequence[dict[str, Any]]) -> list[bytes]:
+        """The digest of each message; only messages not seen before are hashed (proxy/message_facts.py)."""
+        return self.facts.digests(messages)
+
+    def counts(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Tokens of each message for this request's model (as TokenCounter.message_counts), once per message."""
+        return self.facts.counts(messages)
+
+    def encoding_name(self) -> str:
+        return encoding_for_model(self._model()).name
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -94,17 +115,90 @@ class Conversation:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
-        check_chat_body(body)
-        if raw.count(b"[") + raw.count(b"{") >= _MAX_DEPTH:  # only then can it be nested too deep
-            try:
-                orjson.dumps(body)
-            except orjson.JSONEncodeError:
-                raise BadRequest(f"request body is nested deeper than {_MAX_DEPTH} levels",
-                                 code="invalid_json") from None
+        try:
+            check_chat_body(body, messages_too=False)
+            _check_writable({k: v for k, v in body.items() if k != "messages"})
+        except BadRequest:
+            check_chat_body(body)  # a bad message comes first, as it always has
+            raise
         return cls(raw=raw, body=body, client_messages=body["messages"])
 
+    def check_messages(self, start: int = 0) -> None:
+        """The rest of parsing: the messages from `start` on are well-formed and orjson can write them back.
 
-def check_chat_body(body: Any) -> None:
+        Run once the session is known: messages its memo knows were checked
+        when they were new (both checks are about a message's value, and an
+        equal message passes them equally), so only the new ones are looked at.
+        """
+        new = self.client_messages[start:]
+        if not _messages_valid(new):
+            check_chat_body(self.body)  # raises, naming the first bad message
+        _check_writable({"messages": new})
+
+
+def _check_writable(part: dict[str, Any]) -> None:
+    """`part` sits at the body's own level, so orjson's depth limit applies to it as to the body."""
+    try:
+        orjson.dumps(part)
+    except orjson.JSONEncodeError:
+        raise BadRequest(f"request body is nested deeper than {_MAX_DEPTH} levels", code="invalid_json") from None
+
+
+_TYPES_CONTENT = frozenset({type(None), str, list})
+_TYPES_PART = frozenset({dict, str})
+_TYPES_OPTIONAL_STR = frozenset({type(None), str})
+_TYPES_OPTIONAL_LIST = frozenset({type(None), list})
+_TYPES_OPTIONAL_DICT = frozenset({type(None), dict})
+
+
+def _types(values: Any) -> set[type]:
+    return set(map(type, values))
+
+
+def _of_type(values: list[Any], kind: type) -> list[Any]:
+    return list(compress(values, map(operator.is_, map(type, values), repeat(kind))))
+
+
+def _messages_valid(messages: list[Any]) -> bool:
+    """True only if the per-message checks of check_chat_body all pass, decided with C-level maps.
+
+    Validation is a pure function of each message, and walking 1,000 messages
+    in Python costs more than the rest of a request; on False the ordinary
+    loop runs and reports the first problem exactly as before.
+    """
+    if _types(messages) - {dict}:
+        return False
+    get = dict.get
+    try:
+        if not set(map(get, messages, repeat("role"))) <= _ROLES:
+            return False
+    except TypeError:  # an unhashable role
+        return False
+    contents = list(map(get, messages, repeat("content")))
+    if _types(contents) - _TYPES_CONTENT:
+        return False
+    if _types(chain.from_iterable(_of_type(contents, list))) - _TYPES_PART:
+        return False
+    if _types(map(get, messages, repeat("tool_call_id"))) - _TYPES_OPTIONAL_STR:
+        return False
+    calls = list(map(get, messages, repeat("tool_calls")))
+    if _types(calls) - _TYPES_OPTIONAL_LIST:
+        return False
+    calls = list(chain.from_iterable(_of_type(calls, list)))
+    if _types(calls) - {dict}:
+        return False
+    if _types(map(get, calls, repeat("id"))) - _TYPES_OPTIONAL_STR:
+        return False
+    fns = list(map(get, calls, repeat("function")))
+    if _types(fns) - _TYPES_OPTIONAL_DICT:
+        return False
+    fns = _of_type(fns, dict)
+    return not (_types(map(get, fns, repeat("name"), repeat(""))) - {str}
+                or _types(map(get, fns, repeat("arguments"), repeat(""))) - {str})
+
+
+def check_chat_body(body: Any, messages_too: bool = True) -> None:
+    """A 400 naming the first thing wrong with a chat body (`messages_too=False`: all but the messages' items)."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     model = body.get("model")
@@ -118,7 +212,7 @@ def check_chat_body(body: Any) -> None:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise BadRequest("'messages' is required and must be an array", param="messages")
-    for i, m in enumerate(messages):
+    for i, m in enumerate(messages if messages_too and not _messages_valid(messages) else ()):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise BadRequest(f"{where} must be an object", param=where)

@@ -10,7 +10,9 @@ proxy's own (a compaction).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from itertools import compress, count
 from typing import Any
 
 # A break costs less than this many tokens (or share of the previous prompt): not worth a cause.
@@ -36,7 +38,7 @@ class Trace:
         return self.tool_tokens + sum(self.counts)
 
     def to_json(self) -> dict[str, Any]:
-        return {"raw": [d.hex() for d in self.raw], "system": self.system, "sent": [d.hex() for d in self.sent],
+        return {"raw": list(map(bytes.hex, self.raw)), "system": self.system, "sent": list(map(bytes.hex, self.sent)),
                 "counts": self.counts, "tools": self.tools.hex(), "tool_names": self.tool_names,
                 "tool_tokens": self.tool_tokens, "compaction": self.compaction}
 
@@ -54,11 +56,8 @@ class PrefixCheck:
 
 
 def _lcp(a: list[bytes], b: list[bytes]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    """Length of the common prefix, compared in C."""
+    return next(compress(count(), map(operator.ne, a, b)), min(len(a), len(b)))
 
 
 def _tools_cause(prev: Trace, cur: Trace) -> str:

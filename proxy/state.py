@@ -11,6 +11,7 @@ from proxy.config import Settings
 from proxy.learned_windows import LearnedWindows
 from proxy.metrics import Metrics
 from proxy.pipeline import Transform, build_pipeline
+from proxy.session_memo import SessionMemo
 from proxy.store import Store
 from proxy.upstream import Upstream
 
@@ -24,6 +25,7 @@ class ProxyState:
     metrics: Metrics
     accounting: Accountant
     pipelines: dict[str, list[Transform]] = field(default_factory=dict)
+    memo: SessionMemo = field(default_factory=SessionMemo)
 
     @classmethod
     def create(cls, settings: Settings, upstream: Upstream, store: Store) -> ProxyState:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -76,11 +76,25 @@ def _todo_counts(arguments: str, shape: TodoShape) -> tuple[int, int] | None:
     return len(items) - done, done
 
 
-def analyze(messages: Sequence[dict[str, Any]], is_error: Callable[[dict[str, Any]], bool], todo: TodoShape) -> Trajectory:
-    t = Trajectory()
-    names: dict[Any, str] = {}
+@dataclass
+class Progress:
+    """`analyze` part way through a history: a later request repeating those messages resumes from here.
+
+    A left fold over the messages (each step reads only the state and the next
+    message), so the state after message i of an identical prefix is always the same.
+    """
+
+    trajectory: Trajectory = field(default_factory=Trajectory)
+    names: dict[Any, str] = field(default_factory=dict)  # tool-call id -> tool name
     last_sig: tuple[str, str] | None = None
-    for m in messages:
+    statuses: list[int] = field(default_factory=list)  # positions of status messages, skipped
+
+    def copy(self) -> Progress:
+        t = self.trajectory
+        return Progress(replace(t, calls=Counter(t.calls)), dict(self.names), self.last_sig, list(self.statuses))
+
+    def add(self, m: dict[str, Any], is_error: Callable[[dict[str, Any]], bool], todo: TodoShape) -> None:
+        t = self.trajectory
         role = m.get("role")
         if role == "assistant":
             t.turns += 1
@@ -89,18 +103,32 @@ def analyze(messages: Sequence[dict[str, Any]], is_error: Callable[[dict[str, An
                 if not isinstance(fn, dict):
                     continue
                 name, args = str(fn.get("name") or "?"), str(fn.get("arguments") or "")
-                names[call.get("id")] = name
+                self.names[call.get("id")] = name
                 t.calls[name] += 1
                 t.last_call = name
                 sig = (name, args)
-                t.repeated = t.repeated + 1 if sig == last_sig else 1
-                last_sig = sig
+                t.repeated = t.repeated + 1 if sig == self.last_sig else 1
+                self.last_sig = sig
                 if name in todo.tools:
                     counts = _todo_counts(args, todo)
                     if counts is not None:
                         t.todo_open, t.todo_done = counts
         elif role in ("tool", "function"):
-            t.last_tool = names.get(m.get("tool_call_id"), m.get("name") or "?")
+            t.last_tool = self.names.get(m.get("tool_call_id"), m.get("name") or "?")
             t.last_error = is_error(m)
             t.consecutive_errors = t.consecutive_errors + 1 if t.last_error else 0
-    return t
+
+    def add_unless_status(self, i: int, m: dict[str, Any], is_error: Callable[[dict[str, Any]], bool],
+                          todo: TodoShape) -> None:
+        """Message i of a client's history: statuses are noted (to be taken out), the rest analysed."""
+        if is_status(m):
+            self.statuses.append(i)
+        else:
+            self.add(m, is_error, todo)
+
+
+def analyze(messages: Sequence[dict[str, Any]], is_error: Callable[[dict[str, Any]], bool], todo: TodoShape) -> Trajectory:
+    p = Progress()
+    for m in messages:
+        p.add(m, is_error, todo)
+    return p.trajectory

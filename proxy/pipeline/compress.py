@@ -81,8 +81,7 @@ class Compress:
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         s, model = self.settings, conv.body.get("model")
         raw = conv.messages
-        digests = [conv.digest(m) for m in raw]
-        counts = default_counter.message_counts(raw, model, digests)
+        digests, counts = conv.digests(raw), conv.counts(raw)
         fixed = default_counter.count_tools(conv.body.get("tools"), model) + REPLY_PRIMING_TOKENS \
             + reserve_tokens(conv.body)
         if sum(counts) + fixed <= s.trigger * ctx.window:

@@ -13,7 +13,11 @@ then, on any replica. The text is stored before the rewritten request leaves.
 
 from __future__ import annotations
 
+import operator
+from bisect import bisect_left
 from collections import OrderedDict
+from dataclasses import dataclass, field
+from itertools import compress, count, repeat
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,12 +78,88 @@ def _with_placeholder(message: dict[str, Any], placeholder: str) -> dict[str, An
 
 
 def _call_names(messages: list[dict[str, Any]]) -> dict[str, str]:
-    names = {}
+    names: dict[Any, str] = {}
     for m in messages:
-        for call in m.get("tool_calls") or ():
-            if isinstance(call, dict) and isinstance(call.get("function"), dict):
-                names[call.get("id")] = call["function"].get("name") or "?"
+        add_call_names(names, m)
     return names
+
+
+def add_call_names(names: dict[Any, str], m: dict[str, Any]) -> None:
+    for call in m.get("tool_calls") or ():
+        if isinstance(call, dict) and isinstance(call.get("function"), dict):
+            names[call.get("id")] = call["function"].get("name") or "?"
+
+
+def sized_text(m: dict[str, Any]) -> str | None:
+    """The text of a message that may be big enough to have been offloaded (cheap checks first)."""
+    if m.get("role") not in ("tool", "function", "user"):
+        return None
+    text = _text_of(m.get("content"))
+    if text is None or len(text) < MIN_THRESHOLD_TOKENS // 4:
+        return None
+    if len(text) < MIN_THRESHOLD_TOKENS and len(text.encode("utf-8", "surrogatepass")) < MIN_THRESHOLD_TOKENS:
+        return None
+    return text
+
+
+def _sized(messages: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any], str]]:
+    return [(i, m, text) for i, m in enumerate(messages) if (text := sized_text(m)) is not None]
+
+
+@dataclass
+class _Seen:
+    """What offload needs of a client history so far: tool-call names, and the messages big enough to matter."""
+
+    names: dict[Any, str] = field(default_factory=dict)
+    sized: list[tuple[int, str]] = field(default_factory=list)  # client positions and texts
+
+    def copy(self) -> _Seen:
+        return _Seen(dict(self.names), list(self.sized))
+
+    def add(self, i: int, m: dict[str, Any]) -> None:
+        add_call_names(self.names, m)
+        text = sized_text(m)
+        if text is not None:
+            self.sized.append((i, text))
+
+
+def _row(i: int, text: str, handle_what: tuple[str, str]) -> tuple[int, str, str, str]:
+    return i, handle_what[0], text, handle_what[1]
+
+
+@dataclass
+class _Found:
+    names: dict[Any, str]  # over all of conv.messages
+    sized: list[tuple[int, str]]  # the client's candidates: (client position, text)
+    known: int  # the first `known` of them are messages the session's memo knows
+    at: dict[int, int] | None  # id -> position in conv.messages; None: positions are the client's
+    others: list[tuple[int, dict[str, Any], str]]  # the proxy's own messages (re-inserted statuses)
+
+
+def _scan(conv: Conversation, owner: object) -> _Found | None:
+    """The candidates, following only the messages the session's memo does not know; None: scan them all.
+
+    The client's messages are folded (resumed where the previous request of the
+    session left off); the proxy's own messages among them (re-inserted statuses)
+    are looked at directly. Anything unusual takes the plain way.
+    """
+    memo = conv.memo
+    if memo is None:
+        return None
+    client, msgs = conv.client_messages, conv.messages
+    seen = memo.fold((owner, "offload"), client, _Seen, _Seen.add, _Seen.copy)
+    known = bisect_left(seen.sized, memo.known, key=operator.itemgetter(0))
+    if msgs is client:
+        return _Found(seen.names, seen.sized, known, None, [])
+    at = dict(zip(map(id, msgs), count()))
+    ours = set(map(id, client))
+    if len(ours) != len(client) or sum(map(at.__contains__, ours)) != len(client):
+        return None  # a client message was taken out (a status it sent back): its calls would not count
+    others = [msgs[j] for j in compress(count(), map(operator.not_, map(ours.__contains__, map(id, msgs))))]
+    if any(m.get("tool_calls") for m in others):
+        return None
+    return _Found(seen.names, seen.sized, known, at,
+                  [(at[id(m)], m, text) for m in others if (text := sized_text(m)) is not None])
 
 
 class Offload:
@@ -97,12 +177,11 @@ class Offload:
         read_name = tool_name_for(tools or [])
         archive = Archive(ctx.store, ctx.tenant, s.retention_days)
         found = self._candidates(conv)
-        decisions = await self._decisions(archive, ctx.tenant, [c[1] for c in found])
+        decisions = await self._decisions(archive, ctx.tenant, list(map(operator.itemgetter(1), found)))
         messages = list(conv.messages)
         events = []
-        for (i, handle, text, what), decision in zip(found, decisions):
-            if decision is False:
-                continue
+        for j in compress(count(), map(operator.is_not, decisions, repeat(False))):  # not those known to stay
+            (i, handle, text, what), decision = found[j], decisions[j]
             if decision is None:
                 decision = await self._decide(archive, conv, messages[i], handle, text, what, read_name, ctx.window)
                 self._remember(ctx.tenant, handle, decision or False)
@@ -117,39 +196,64 @@ class Offload:
         return conv
 
     def _candidates(self, conv: Conversation) -> list[tuple[int, str, str, str]]:
-        """Messages big enough to have been offloaded, with their handles (hashed once per content)."""
-        messages = conv.messages
-        names = None
-        out = []
-        for i, m in enumerate(messages):
-            role = m.get("role")
-            if role not in ("tool", "function", "user"):
-                continue
-            text = _text_of(m.get("content"))
-            if text is None or len(text) < MIN_THRESHOLD_TOKENS // 4:
-                continue
-            if len(text) < MIN_THRESHOLD_TOKENS and len(text.encode("utf-8", "surrogatepass")) < MIN_THRESHOLD_TOKENS:
-                continue
-            digest = conv.digest(m)
-            known = self._handles.get(digest)
-            if known is None:
-                if role == "user":
-                    what = "user message"
-                else:
-                    names = names if names is not None else _call_names(messages)
-                    what = f"tool result of {names.get(m.get('tool_call_id'), m.get('name') or 'a tool')}"
-                known = self._handles[digest] = (content_handle(f"{role}:{what}", text), what)
-                if len(self._handles) > _DECISION_CACHE:
-                    self._handles.popitem(last=False)
-            out.append((i, known[0], text, known[1]))
+        """Messages big enough to have been offloaded, with their handles (hashed once per content).
+
+        With the session's memo, the handles of the candidates it knows are
+        those of the previous request, as long as this process still maps their
+        digests to them; only new candidates are looked at.
+        """
+        found = _scan(conv, self)
+        if found is None:
+            names: list[dict[Any, str]] = []
+            return [_row(i, text, self._handle(conv, m, text, names)) for i, m, text in _sized(conv.messages)]
+        memo, client = conv.memo, conv.client_messages
+        assert memo is not None
+        k = found.known
+        digests, pairs = memo.previous.get((self, "handles"), ([], []))
+        digests, pairs = digests[:k], pairs[:k]
+        if len(pairs) != k or list(map(self._handles.get, digests)) != pairs:
+            digests, pairs = [], []
+        k = len(pairs)
+        names = [found.names]
+        for i, text in found.sized[k:]:
+            digests.append(conv.digest(client[i]))
+            pairs.append(self._handle(conv, client[i], text, names))
+        memo.facts[(self, "handles")] = (digests, pairs)
+        if found.at is None:  # rows as the previous request had them, while the handles stand
+            rows = memo.previous.get((self, "rows"), [])[:k]
+            rows += [(i, h, text, what) for (i, text), (h, what) in zip(found.sized[len(rows):], pairs[len(rows):])]
+            memo.facts[(self, "rows")] = rows
+            return list(rows)
+        at = found.at
+        out = [(at[id(client[i])], h, text, what) for (i, text), (h, what) in zip(found.sized, pairs)]
+        out += [_row(i, text, self._handle(conv, m, text, names)) for i, m, text in found.others]
+        out.sort(key=operator.itemgetter(0))
         return out
 
+    def _handle(self, conv: Conversation, m: dict[str, Any], text: str, names: list[dict[Any, str]]) -> tuple[str, str]:
+        """(handle, what) of a candidate, computed once per digest; `names` is filled in when first needed."""
+        digest = conv.digest(m)
+        known = self._handles.get(digest)
+        if known is None:
+            role = m.get("role")
+            if role == "user":
+                what = "user message"
+            else:
+                if not names:
+                    names.append(_call_names(conv.messages))
+                what = f"tool result of {names[0].get(m.get('tool_call_id'), m.get('name') or 'a tool')}"
+            known = self._handles[digest] = (content_handle(f"{role}:{what}", text), what)
+            if len(self._handles) > _DECISION_CACHE:
+                self._handles.popitem(last=False)
+        return known
+
     async def _decisions(self, archive: Archive, tenant: str, handles: list[str]) -> list[Any]:
-        known = [self._decided.get((tenant, h)) for h in handles]
-        missing = [h for h, d in zip(handles, known) if d is None]
+        known = list(map(self._decided.get, zip(repeat(tenant), handles)))
+        missing = list(compress(handles, map(operator.is_, known, repeat(None))))
         if missing:
             fetched = dict(zip(missing, await archive.decisions(DECISION_KIND, missing)))
-            known = [d if d is not None else fetched.get(h) for h, d in zip(handles, known)]
+            for j in list(compress(count(), map(operator.is_, known, repeat(None)))):
+                known[j] = fetched.get(handles[j])
             for h in missing:
                 if fetched.get(h) is not None:
                     self._remember(tenant, h, fetched[h])

@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from proxy.compaction import reserve_tokens
 from proxy.conversation import Conversation, Event, RequestContext
 from proxy.tokens import REPLY_PRIMING_TOKENS, default_counter
-from proxy.trajectory import (DEFAULT_ERROR_PATTERN, STATUS_OPEN, TodoShape, Trajectory, analyze, is_status,
+from proxy.session_memo import RequestMemo, without
+from proxy.trajectory import (DEFAULT_ERROR_PATTERN, STATUS_OPEN, Progress, TodoShape, Trajectory, is_status,
                               looks_like_error)
 
 _SESSIONS_CACHED = 1_000  # sessions whose recorded statuses are kept in process
@@ -82,8 +83,9 @@ class StatusHistory:
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         if self.settings.agents_only and not _is_agent(conv):
             return conv
-        raw = [m for m in conv.messages if not is_status(m)]
-        conv.notes["trajectory"] = analyze(raw, lambda m: self._is_error(conv, m), self.settings.todo)
+        progress = self._progress(conv)
+        raw = conv.messages if not progress.statuses else without(conv.messages, progress.statuses)
+        conv.notes["trajectory"] = progress.trajectory
         prev = conv.digest(raw[-1]).hex()[:_PREV_HEX] if raw else ""
         conv.notes["status_anchor"] = (len(raw), prev)
         if self.settings.mode != "append":
@@ -92,15 +94,24 @@ class StatusHistory:
         at: dict[int, dict[str, Any]] = {}
         for e in entries:
             at.setdefault(e["k"], e)
-        out: list[dict[str, Any]] = []
-        for k, m in enumerate(raw, start=1):
-            out.append(m)
-            e = at.get(k)
-            if e is not None and e["prev"] == conv.digest(m).hex()[:_PREV_HEX]:
-                out.append({"role": self.settings.role, "content": e["content"]})
-        if len(out) != len(raw) or len(raw) != len(conv.messages):
-            conv.set_messages(out)
+        ks, statuses = [], []
+        for k in sorted(k for k in at if 1 <= k <= len(raw)):  # no Python step per message
+            e = at[k]
+            if e["prev"] == conv.digest(raw[k - 1]).hex()[:_PREV_HEX]:
+                ks.append(k)
+                # one object per recorded status, reused by later requests (its digest and count are memoized)
+                statuses.append(e.get("_message") or e.setdefault("_message", {"role": self.settings.role,
+                                                                                "content": e["content"]}))
+        if ks or raw is not conv.messages:
+            conv.set_messages(conv.facts.insert(raw, ks, statuses))
         return conv
+
+    def _progress(self, conv: Conversation) -> Progress:
+        """The trajectory of the client's history, resumed after the messages the session's memo knows."""
+        is_error, todo = (lambda m: self._is_error(conv, m)), self.settings.todo
+        return (conv.memo or RequestMemo(client=conv.client_messages)).fold(
+            (self, "trajectory"), conv.messages, Progress,
+            lambda p, i, m: p.add_unless_status(i, m, is_error, todo), Progress.copy)
 
     def _is_error(self, conv: Conversation, message: dict[str, Any]) -> bool:
         """Whether a tool result looks like a failure, decided once per distinct result."""
@@ -145,8 +156,8 @@ class StatusBar:
         await ctx.store.put_json(clock_key, {"first": clock["first"], "last": now})
         model = conv.body.get("model")
         msgs = conv.messages
-        used = sum(default_counter.message_counts(msgs, model, [conv.digest(m) for m in msgs])) \
-            + REPLY_PRIMING_TOKENS + default_counter.count_tools(conv.body.get("tools"), model)
+        used = sum(conv.counts(msgs)) + REPLY_PRIMING_TOKENS \
+            + default_counter.count_tools(conv.body.get("tools"), model)
         text = self.render(traj, conv, ctx.window, used, now - clock["first"], now - clock["last"], now)
         status = {"role": self.settings.role, "content": text}
         if used + default_counter.count_message(status, model) + reserve_tokens(conv.body) > ctx.window:
