@@ -129,9 +129,9 @@ def plot(path: str, out: str, title: str | None) -> None:
                loc="upper center", ncol=4, frameon=False, fontsize=9, bbox_to_anchor=(0.5, 0.93))
     git = data.get("git") or {}
     commit = git.get("commit") or git.get("head") or ""
-    src = data.get("proxy_src") or "working tree"
+    src = f"ctxproxy at {commit[:7]}" if commit else f"ctxproxy from {data.get('proxy_src') or 'the working tree'}"
     fig.suptitle(title or f"Replay of 30 agent trajectories ({requests[0]:,} requests each) at a "
-                 f"{window:,}-token window; ctxproxy from {src}", fontsize=11)
+                 f"{window:,}-token window; {src}", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(out)
     print(f"wrote {out} ({', '.join(names)}; {commit})")
