@@ -311,3 +311,20 @@ def test_cached_shape_answered_with_a_tool_call_falls_back_to_the_transcript(ups
              if is_summary_call(r.json)]
     assert kinds and kinds[0] == "cached" and kinds[1] == "transcript"
     assert any(r.headers.get("x-ctxproxy-compacted") == "summary" for r in rs)
+
+
+def test_cached_shape_carries_the_agents_cache_key(upstream, tmp_path):
+    """A provider that routes by prompt_cache_key must see the summarizer on the agent's shard."""
+    upstream.windows[MODEL] = BIG
+    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/k.db",
+                                   models={MODEL: {"context_window": BIG}},
+                                   defaults={"offload": {"enabled": False},
+                                             "cache": {"prompt_cache_key": "session"},
+                                             "compress": {"keep_recent_tokens": 1500, "summary_max_tokens": 500}})) as p:
+        replay(p, upstream, 60)
+    reqs = upstream.requests
+    calls = [i for i, r in enumerate(reqs) if is_cached_shape(r.json)]
+    assert calls
+    for i in calls:
+        key = reqs[i].json.get("prompt_cache_key")
+        assert key and key.startswith("ctx-") and key == reqs[i - 1].json["prompt_cache_key"]
