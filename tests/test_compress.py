@@ -328,3 +328,17 @@ def test_cached_shape_carries_the_agents_cache_key(upstream, tmp_path):
     for i in calls:
         key = reqs[i].json.get("prompt_cache_key")
         assert key and key.startswith("ctx-") and key == reqs[i - 1].json["prompt_cache_key"]
+
+
+def test_cached_shape_refused_for_length_falls_back_to_the_transcript(upstream, tmp_path):
+    """The provider's window is smaller than the proxy believes: the cached shape (prefix + a large answer
+    budget) is refused with a 400, and the transcript shape, much smaller, still summarizes."""
+    settings_obj = big_settings(upstream, f"sqlite:///{tmp_path}/c.db", summary_max_tokens=3500)
+    upstream.windows[MODEL] = 18_500  # agent requests (<= 0.85 x 20,000) fit; prefix + 3,500 does not
+    with ProxyServer(settings_obj) as p:
+        rs = replay(p, upstream, 60)
+    assert all(r.status_code == 200 for r in rs)
+    calls = [r for r in upstream.requests if is_summary_call(r.json)]
+    shapes = [(("cached" if is_cached_shape(r.json) else "transcript"), r.status) for r in calls]
+    assert ("cached", 400) in shapes and ("transcript", 200) in shapes
+    assert any(r.headers.get("x-ctxproxy-compacted") == "summary" for r in rs)
