@@ -229,13 +229,13 @@ class Compress:
                                   s.summary_model or model or "gpt-4o-mini", max(budget, _MIN_TRANSCRIPT_TOKENS),
                                   s.summary_max_tokens, s.summary_timeout)
         facts = s.facts if s.strategy == "facts" else ()
-        prefix = self._cached_prefix(conv, ctx, view, t)
-        try:
-            if prefix is None:
-                raise SummarizerDeclined("transcript shape chosen")
-            text, usage = await summarize_cached(target, prefix, facts)
-        except SummarizerDeclined:
-            text, usage = await summarize(target, span, facts)
+        answer, prefix = None, self._cached_prefix(conv, ctx, view, t)
+        if prefix is not None:
+            try:
+                answer = await summarize_cached(target, prefix, facts)
+            except SummarizerDeclined:  # refused or a tool call: the transcript shape may still work
+                pass
+        text, usage = answer or await summarize(target, span, facts)
         await archive.put_text(handle, full)
         ids, budget = [], ctx.window * s.identifiers_max_share
         for ident in identifiers(span, s.identifiers_cap):
