@@ -12,7 +12,7 @@ prompt frames the call but does not decide what is kept.
 to fit the summarizer's window (older messages go first, the previous summary
 always stays). Used for a different summary model (whose cache the agent's
 prefix would not hit), when the cached shape would not fit the window, and
-when the cached call answers with a tool call instead of text.
+when the cached call is refused (HTTP 400) or answers with a tool call.
 """
 
 from __future__ import annotations
