@@ -42,6 +42,8 @@ from typing import Any
 
 import tiktoken
 
+from identifiers import head_end  # bench/, beside this file
+
 SUMMARY_TOKENS = 500  # budget of the digest lines (headings come on top: ~520-560 tokens in all)
 LINE_CHARS = 160  # a message's first line, at most this many characters
 
@@ -135,29 +137,19 @@ def _newest_within(lines: list[str], budget: int = SUMMARY_TOKENS) -> list[str]:
 _SECTION = re.compile(r"^### (user|assistant|system|developer|tool result \([^)\n]*\)|tool|\?)\n", re.M)
 
 
-def _head_end(msgs: list[dict[str, Any]]) -> int:
-    i = 0
-    while i < len(msgs) and msgs[i].get("role") in ("system", "developer"):
-        i += 1
-    return i + 1 if i < len(msgs) and msgs[i].get("role") == "user" else i
-
-
-def _cached_shape(msgs: list[dict[str, Any]]) -> str:
-    """ctxproxy's cached-shape call: the span is every message after the head, up to the instruction."""
+def _span(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, text) of each message of the span the call asks about, in either of ctxproxy's shapes."""
+    msgs = body["messages"]
+    if not _text(msgs[-1].get("content")).startswith(CTXPROXY_CACHED):
+        return _sections(_transcript(body))
+    # the cached shape: every message after the head (system + first user message), up to the instruction
     names = {c.get("id"): (c.get("function") or {}).get("name") for m in msgs for c in m.get("tool_calls") or ()
              if isinstance(c, dict)}
-    out = []
-    for m in msgs[_head_end(msgs):-1]:
-        role = m.get("role", "?")
-        label = f"tool result ({names.get(m.get('tool_call_id')) or 'tool'})" if role == "tool" else role
-        out.append(f"### {label}\n{_message_text(m)}")
-    return "\n\n".join(out)
+    return [(f"tool result ({names.get(m.get('tool_call_id')) or 'tool'})" if m.get("role") == "tool"
+             else m.get("role", "?"), _message_text(m)) for m in msgs[head_end(msgs):-1]]
 
 
 def _transcript(body: dict[str, Any]) -> str:
-    msgs = body["messages"]
-    if _text(msgs[-1].get("content")).startswith(CTXPROXY_CACHED):
-        return _cached_shape(msgs)
     user = next((_text(m.get("content")) for m in body["messages"] if m.get("role") == "user"), "")
     m = re.search(r"<transcript>\n(.*)\n</transcript>", user, re.S)
     return m.group(1) if m else user
@@ -187,7 +179,7 @@ def _summary_lines(sections: list[tuple[str, str]]) -> list[str]:
 
 
 def ctxproxy_summary(body: dict[str, Any]) -> str:
-    lines = _newest_within(_summary_lines(_sections(_transcript(body))))
+    lines = _newest_within(_summary_lines(_span(body)))
     if not lines:
         lines = ["(nothing recorded)"]
     n = len(CTXPROXY_SECTIONS)
@@ -201,7 +193,7 @@ def ctxproxy_summary(body: dict[str, Any]) -> str:
 
 
 def ctxproxy_fact(body: dict[str, Any]) -> str:
-    lines = _newest_within(_summary_lines(_sections(_transcript(body))), SUMMARY_TOKENS // 4)
+    lines = _newest_within(_summary_lines(_span(body)), SUMMARY_TOKENS // 4)
     return "\n".join(f"- {ln}" for ln in lines) or "none"
 
 

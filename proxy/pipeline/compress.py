@@ -89,7 +89,7 @@ class Compress:
             # under it has no record to replay, so the store is not even asked.
             return conv
         log = CompactionLog(ctx.store, ctx.tenant, ctx.session, s.retention_days * SECONDS_PER_DAY)
-        view = await self._replayed(log, raw, digests, counts, model)
+        view = await self._replayed(conv, log, raw, digests, counts)
         if sum(view.counts) + fixed > s.trigger * ctx.window:
             view = await self._compact_locked(conv, ctx, log, raw, digests, counts, view, fixed)
         if view.kept:
@@ -98,9 +98,11 @@ class Compress:
             conv.events.append(Event("compaction", {"version": view.version}))
         return conv
 
-    async def _replayed(self, log: CompactionLog, raw: list, digests: list, counts: list, model: Any) -> View:
+    async def _replayed(self, conv: Conversation, log: CompactionLog, raw: list, digests: list,
+                        counts: list) -> View:
         record = await log.latest(self._prefixes)
-        prefix_counts = default_counter.message_counts(record.prefix, model) if record else None
+        # the same prefix objects every request (cached in self._prefixes): counted once, then looked up
+        prefix_counts = conv.counts(record.prefix) if record else None
         return replay(record, raw, digests, counts, prefix_counts)
 
     async def _compact_locked(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, raw: list,
@@ -112,12 +114,12 @@ class Compress:
             deadline = time.monotonic() + lease
             while time.monotonic() < deadline:
                 await asyncio.sleep(_LOCK_POLL)
-                fresh = await self._replayed(log, raw, digests, counts, model)
+                fresh = await self._replayed(conv, log, raw, digests, counts)
                 if fresh.version > view.version:
                     return fresh
             return view
         try:
-            view = await self._replayed(log, raw, digests, counts, model)
+            view = await self._replayed(conv, log, raw, digests, counts)
             before = sum(view.counts) + fixed
             if before <= s.trigger * ctx.window:
                 return view
@@ -244,7 +246,7 @@ class Compress:
                 break
             ids.append(ident)
         listing = "\n## Identifiers (verbatim from the compacted messages)\n" + "\n".join(ids) if ids else ""
-        tokens = sum(default_counter.message_counts(span, model))
+        tokens = sum(view.counts[h:t])
         message = {"role": "user", "content": (
             f"<context_summary>\n{PLACEHOLDER_MARK} {len(span)} earlier messages ({tokens:,} tokens) were compacted "
             f"into this summary; the full transcript: {read_call(tool, handle)}]\n\n{text}\n{listing}\n"
