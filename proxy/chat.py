@@ -20,6 +20,7 @@ from starlette.responses import Response
 from proxy import toolloop
 from proxy.accounting import Outcome, usage_from_events
 from proxy.archive import Archive
+from proxy.compaction import reserve_tokens
 from proxy.conversation import Conversation, RequestContext
 from proxy.errors import ProxyError, UpstreamUnreachable
 from proxy.learned_windows import overflow_limit
@@ -135,7 +136,7 @@ async def _context(st: ProxyState, request: Request, conv: Conversation, request
     route = resolve_route(st.settings, request.path_params.get("route"), request.headers, model)
     tenant = tenant_id(api_key_of(request.headers), st.settings.tenant_salt)
     window = context_window(st.settings, model, route.context_window)
-    learned = await st.windows.get(route.name, model)
+    learned = await st.windows.get(tenant, route.name, model)
     return RequestContext(request_id=request_id, route=route, tenant=tenant,
                           session=session_id(request.headers, tenant, route, conv.body), model=model,
                           stream=conv.body.get("stream") is True, store=st.store,
@@ -161,10 +162,12 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, sen
                              ) -> tuple[httpx.Response, Conversation, RequestContext]:
     """On `context_length_exceeded`, learn the window it names, compact to fit, and try once more."""
     content = await read_upstream_body(resp, url)
-    limit = overflow_limit(content)
+    messages = conv.body.get("messages") or []
+    sent = sum(conv.facts.counts(messages)) + reserve_tokens(conv.body)
+    limit = overflow_limit(content, sent)
     if limit is None or limit >= ctx.window:
         return httpx.Response(resp.status_code, headers=resp.headers, content=content, request=resp.request), conv, ctx
-    await st.windows.learn(ctx.route.name, ctx.model or "", limit)
+    await st.windows.learn(ctx.tenant, ctx.route.name, ctx.model or "", limit)
     headers["x-ctxproxy-window-learned"] = str(limit)
     event("learned context window from provider", request_id=ctx.request_id, route=ctx.route.name,
           model=ctx.model, window=limit)

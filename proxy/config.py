@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -56,6 +57,20 @@ class UpstreamSettings(_Strict):
     def _http_url(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
             raise ValueError(f"must start with http:// or https://, got {v!r}")
+        authority = v.split("://", 1)[1].split("/", 1)[0]
+        if "@" in authority:
+            # Credentials in the URL would ride on every request, and be printed wherever the URL is.
+            raise ValueError("must not contain credentials (user:password@); put the key in an environment "
+                             "variable and name it in api_key_env")
+        if any(c <= " " or c == "\x7f" for c in v):
+            raise ValueError("must not contain spaces or control characters")
+        try:
+            parts = urlsplit(v)
+            parts.port  # noqa: B018 - raises for a port that is not a number in range
+        except ValueError as e:
+            raise ValueError(f"is not a valid URL ({e})") from None
+        if not parts.hostname:
+            raise ValueError(f"has no host: {v!r}")
         return v.rstrip("/")
 
     def api_key(self) -> str | None:

@@ -239,7 +239,7 @@ def check_chat_body(body: Any, messages_too: bool = True) -> None:
         if not isinstance(tool, dict):
             raise BadRequest(f"{where} must be an object", param=where)
         fn = tool.get("function")
-        if fn is not None and not (isinstance(fn, dict) and isinstance(fn.get("name", ""), str)):
+        if "function" in tool and not (isinstance(fn, dict) and isinstance(fn.get("name", ""), str)):
             raise BadRequest(f"{where}.function must be an object with a string name", param=f"{where}.function")
         if not isinstance(tool.get("name", ""), str):
             raise BadRequest(f"{where}.name must be a string", param=f"{where}.name")

@@ -44,11 +44,27 @@ def resolve_route(settings: Settings, path_route: str | None, headers: Mapping[s
     return route
 
 
+# Headers that carry a client's credentials to providers (OpenAI/Azure/Anthropic/Google spellings).
+_KEY_HEADERS = ("api-key", "x-api-key", "x-goog-api-key")
+
+
 def api_key_of(headers: Mapping[str, str]) -> str | None:
-    auth = headers.get("authorization", "")
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip() or None
-    return headers.get("api-key") or headers.get("x-api-key") or None
+    """The client's credentials as one string: what makes two clients distinct tenants.
+
+    Any `Authorization` scheme counts (Basic, Digest, a custom one), not only
+    Bearer: two users whose credentials differ must never share a tenant. A lone
+    Bearer token is the token itself, so tenant ids stay what they always were.
+    None only when the request carries no credentials at all (the local single-user case).
+    """
+    auth = headers.get("authorization", "").strip()
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer":
+        auth = token.strip()
+    parts = [auth] if auth else []
+    parts += [f"{name}={v}" for name in _KEY_HEADERS if (v := headers.get(name, "").strip())]
+    if len(parts) == 1 and not auth:
+        parts = [parts[0].split("=", 1)[1]]  # one key header alone: the key, as before
+    return "\0".join(parts) or None
 
 
 def tenant_id(api_key: str | None, salt: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 from http.cookiejar import CookieJar, DefaultCookiePolicy
+from urllib.parse import quote
 
 import aiohttp
 import httpx
@@ -74,9 +75,32 @@ def response_headers(upstream_headers: httpx.Headers, *, decoded: bool = False) 
     return [(k, v) for k, v in items if k.lower() not in drop]
 
 
+# Characters a path segment may carry as they are (RFC 3986 pchar less "%"): everything else is re-encoded.
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
+
+
+def _path_tail(tail: str) -> str:
+    """The client's (decoded) path after `/v1`, safe to append to a route's base URL.
+
+    A dot segment, however it was encoded, would let a client climb out of the
+    route's base path and reach another endpoint with the key the proxy injects
+    for that route: refused. Control characters are refused too (no provider
+    path has them, and httpx cannot send them). The rest is percent-encoded
+    again, so what the provider decodes is exactly what the client meant.
+    """
+    if any(c < " " or c == "\x7f" for c in tail):
+        raise BadRequest("the request path contains control characters", code="invalid_path")
+    segments = tail.split("/")
+    if any(seg in (".", "..") for seg in segments):
+        raise BadRequest("the request path may not contain '.' or '..' segments", code="invalid_path")
+    return quote(tail.lstrip("/"), safe=_PATH_SAFE)
+
+
 def upstream_url(upstream: UpstreamSettings, tail: str, query: str) -> str:
     """Base URL + the part of the client's path after `/v1`, with its query string."""
-    url = upstream.base_url + "/" + tail.lstrip("/")
+    url = upstream.base_url + "/" + _path_tail(tail)
+    if query and any(c < " " or c == "\x7f" for c in query):
+        raise BadRequest("the query string contains control characters", code="invalid_path")
     return f"{url}?{query}" if query else url
 
 
