@@ -6,6 +6,7 @@ Pure functions of the messages, shared by the transforms that rewrite history.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -121,28 +122,92 @@ def _is_path(value: str) -> bool:
     return bool(_EXTENSION.search(last)) and not last.replace(".", "").isdigit() or value.count("/") >= 2
 
 
-def identifiers(messages: Sequence[Message], cap: int) -> list[str]:
-    """Paths, URLs, hashes and ids in the messages, verbatim, in order of first appearance.
+# What a tool result reports as failing: exception names, errno-style codes, compiler/linter codes.
+ERROR_NAME = re.compile(r"\b(?:[A-Z][A-Za-z0-9]*(?:Error|Exception|Warning|Fault|Panic)|E[A-Z]{3,9}|"
+                        r"[A-Z]{1,4}\d{3,5})\b")
+# A string argument of a tool call that names something: dotted, snake_case, camelCase, or scoped.
+_NAME_ARGUMENT = re.compile(r"^(?=[^\s]*(?:[_.:]|[a-z][A-Z]))[A-Za-z_$@][\w.:$@-]{2,119}$")
+_ACTED, _FAILED, _ASKED, _PRINTED = _PRINTED_RANKS = range(4)  # ranks, most useful first
 
-    What the agent itself named (user and assistant messages, tool-call arguments
-    included) comes before what tools printed; within each, the newest win when
-    `cap` cuts. The proxy's own status messages are not read.
+
+def _string_values(obj: Any) -> list[str]:
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, dict):
+        return [v for x in obj.values() for v in _string_values(x)]
+    if isinstance(obj, list):
+        return [v for x in obj for v in _string_values(x)]
+    return []
+
+
+def _named(text: str) -> list[str]:
+    out = []
+    for match in IDENTIFIER.finditer(text):
+        value = match.group(0).rstrip(_TRAILING)
+        if len(value) > 2 and (match.lastgroup != "path" or _is_path(value)):
+            out.append(value)
+    return out
+
+
+def _call_names(message: Message) -> list[str]:
+    """Paths and names in a message's tool-call arguments: what the agent acted on."""
+    out: list[str] = []
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") if isinstance(call, dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        if not isinstance(args, str):
+            continue
+        out += _named(args)
+        try:
+            values = _string_values(json.loads(args))
+        except ValueError:
+            continue
+        out += [v for v in values if _NAME_ARGUMENT.match(v)]
+    return out
+
+
+def identifiers(messages: Sequence[Message], cap: int) -> list[str]:
+    """Paths, URLs, hashes, ids and error names in the messages, verbatim, each once, most useful first.
+
+    Ranked by what the agent will need again: first what it acted on (names in
+    its tool-call arguments and its own text, and what an earlier summary
+    already kept), then what failed (exception names and error codes in tool
+    results), then what the user named, then what tools merely printed (hashes
+    inside logs). Within a rank the newest win when `cap` cuts; the list keeps
+    rank order, then order of first appearance. The proxy's status messages are not read.
     """
-    groups: list[dict[str, None]] = [{}, {}]
+    rank_of: dict[str, int] = {}
+    seen: dict[str, int] = {}  # value -> position of its newest sighting
+
+    def see(value: str, rank: int) -> None:
+        if rank < rank_of.get(value, len(_PRINTED_RANKS)):
+            rank_of[value] = rank
+        seen.pop(value, None)
+        seen[value] = len(seen)
+
     for m in messages:
         role = m.get("role")
         content = m.get("content")
         if role == "user" and isinstance(content, str) and content.startswith("<agent_status>"):
             continue
-        group = groups[0] if role in ("user", "assistant", "system", "developer") else groups[1]
-        for match in IDENTIFIER.finditer(text_of(m)):
-            value = match.group(0).rstrip(_TRAILING)
-            if len(value) <= 2 or (match.lastgroup == "path" and not _is_path(value)):
-                continue
-            group.pop(value, None)
-            group[value] = None  # re-seen: it moves to the newest end
+        text = text_of(m)
+        if role == "assistant" or (role == "user" and isinstance(content, str)
+                                   and content.startswith("<context_summary>")):
+            for value in _call_names(m) + _named(text):
+                see(value, _ACTED)
+        elif role == "tool" or role == "function":
+            for value in ERROR_NAME.findall(text):
+                see(value, _FAILED)
+            for value in _named(text):
+                see(value, _PRINTED)
+        else:
+            for value in _named(text):
+                see(value, _ASKED)
+    first = {v: i for i, v in enumerate(dict.fromkeys(
+        v for m in messages for v in _call_names(m) + _named(text_of(m)) + ERROR_NAME.findall(text_of(m))))}
     chosen: list[str] = []
-    for group in groups:
-        chosen += list(group)[-(cap - len(chosen)):] if cap > len(chosen) else []
-    order = {v: i for i, v in enumerate(dict.fromkeys(v for g in groups for v in g))}
-    return sorted(chosen, key=order.__getitem__)
+    for rank in _PRINTED_RANKS:
+        newest = sorted((v for v in seen if rank_of[v] == rank), key=seen.__getitem__)
+        room = cap - len(chosen)
+        chosen += newest[-room:] if room > 0 else []
+    return sorted(chosen, key=lambda v: (rank_of[v], first.get(v, len(first))))

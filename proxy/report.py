@@ -24,6 +24,8 @@ def event_headers(conv: Conversation, check: PrefixCheck | None = None) -> dict[
             out["x-ctxproxy-compacted"] = e.detail["layer"]
             out["x-ctxproxy-tokens-before"] = str(e.detail["before"])
             out["x-ctxproxy-tokens-after"] = str(e.detail["after"])
+            if e.detail.get("summary_rejected"):  # why the compaction fell back from a summary
+                out["x-ctxproxy-summary-rejected"] = _header_text(e.detail["summary_rejected"])
         elif e.kind == "degraded":
             out["x-ctxproxy-degraded"] = "store-unavailable"
         elif e.kind == "status":
@@ -33,3 +35,9 @@ def event_headers(conv: Conversation, check: PrefixCheck | None = None) -> dict[
         if check.cause:
             out["x-ctxproxy-cache-break"] = check.cause
     return out
+
+
+def _header_text(text: str, limit: int = 200) -> str:
+    """One printable ASCII line: a header value may carry nothing else."""
+    clean = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return clean[:limit]

@@ -18,6 +18,7 @@ when the cached call is refused (HTTP 400) or answers with a tool call.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,53 @@ class SummarizerError(Exception):
 
 class SummarizerDeclined(SummarizerError):
     """The call worked but gave no text (e.g. a tool call): worth one try in the transcript shape."""
+
+
+class SummaryRejected(SummarizerError):
+    """The call answered, but not with a summary the agent could work from; `usage` is what it cost."""
+
+    def __init__(self, reason: str, usage: list[dict[str, Any]]) -> None:
+        super().__init__(f"summary rejected: {reason}")
+        self.reason = reason
+        self.usage = usage
+
+
+# A model declining the task instead of summarizing it.
+_REFUSAL = re.compile(r"^\W*(?:i'?m sorry|i am sorry|sorry\b|i can(?:no|')t\b|i cannot\b|i'?m (?:not )?(?:un)?able\b|"
+                      r"i am (?:not )?(?:un)?able\b|as an ai\b|i won'?t\b|i will not\b|unfortunately,? i\b)",
+                      re.IGNORECASE)
+_MIN_SUMMARY_TOKENS = 20  # below this no span worth a compaction is summarized
+_MIN_SUMMARY_SHARE = 0.005  # of the span's tokens ...
+_MIN_SUMMARY_CEILING = 80  # ... but never more than this is demanded
+_MIN_HEADINGS_SHARE = 0.5  # of SECTIONS that must be present
+
+
+def summary_problem(text: str, span_tokens: int, model: str, headings: Sequence[str] = SECTIONS) -> str | None:
+    """Why `text` is not an acceptable summary of a span of `span_tokens`, or None if it is.
+
+    An empty or token-sized answer ("ok 6849"), a refusal, or one that ignores the
+    requested structure would replace real history with nothing the agent can use;
+    the lossless layers are better than that. `headings=()` (the facts strategy,
+    whose headings code writes and whose answers may rightly be "none") checks
+    only that there is an answer.
+    """
+    body = text.strip()
+    if not body:
+        return "empty answer"
+    if not headings:  # the facts strategy: short answers ("none") are answers
+        return None
+    if _REFUSAL.match(body):
+        return "the summarizer refused: " + body.splitlines()[0][:80]
+    tokens = default_counter.count_text(body, model)
+    least = min(_MIN_SUMMARY_CEILING, max(_MIN_SUMMARY_TOKENS, int(span_tokens * _MIN_SUMMARY_SHARE)))
+    if tokens < least:
+        return f"{tokens} tokens for a span of {span_tokens:,} (at least {least} expected)"
+    if headings:
+        lowered = body.lower()
+        present = sum(1 for h in headings if h.lower() in lowered)
+        if present < len(headings) * _MIN_HEADINGS_SHARE:
+            return f"{present} of the {len(headings)} requested headings"
+    return None
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,18 @@ def is_summary_call(req: dict) -> bool:
         or is_cached_shape(req)
 
 
+# What a model asked for the seven headings writes (the proxy refuses a summary missing most of them).
+SUMMARY = ("## Goal and constraints\nFix the crash in src/app/core.py reported in issue 4242; keep the public API.\n"
+           "## Decisions and why\nRead every module before editing, since the crash may come from an import.\n"
+           "## Files and artifacts\nRead the modules under src/app/ one by one; nothing edited yet.\n"
+           "## Verified state\nEach module defines small f_i_j helpers returning x * j; none raises.\n"
+           "## Open TODOs\nFind the module that the crash trace points to.\n"
+           "## Approaches that failed\nNone so far.\n## Next step\nKeep reading modules.")
+
+
 def responder(req: dict) -> str:
     if is_summary_call(req):
-        return "## Goal and constraints\nFix the crash.\n## Next step\nKeep reading modules."
+        return SUMMARY
     return "ok"
 
 

@@ -31,8 +31,8 @@ from proxy.preview import read_call
 from proxy.readback import tool_name_for
 from proxy.pipeline.cache_hints import cache_fields
 from proxy.pipeline.read_tool import has_placeholders, tools_as_sent
-from proxy.summarizer import (IN_PLACE_PROMPT, CachedPrefix, SummarizerDeclined, SummarizerError, SummarizerTarget,
-                              render, summarize, summarize_cached)
+from proxy.summarizer import (IN_PLACE_PROMPT, SECTIONS, CachedPrefix, SummarizerDeclined, SummarizerError,
+                              SummarizerTarget, SummaryRejected, render, summarize, summarize_cached, summary_problem)
 from proxy.tokens import REPLY_PRIMING_TOKENS, default_counter
 
 PLACEHOLDER_MARK = "[ctxproxy:"  # text the proxy wrote; never cleared or offloaded again
@@ -42,6 +42,7 @@ _LOCK_POLL = 0.1  # seconds between checks while another request of the session 
 _SUMMARIZER_WINDOW_SHARE = 0.85  # of the window, for transcript + answer (the rest: prompt, framing, slack)
 _MIN_TRANSCRIPT_TOKENS = 500
 _MAX_TAIL_SHARE_OF_TARGET = 0.5  # the verbatim tail takes at most half of the target
+_MIN_SUMMARY_TOKENS, _MAX_SUMMARY_TOKENS = 256, 2000  # the scaled summary length limit's bounds
 
 
 class CompressSettings(BaseModel):
@@ -62,12 +63,26 @@ class CompressSettings(BaseModel):
     # A different summary_model always uses the transcript shape.
     summary_prompt: Literal["cached", "transcript"] = "cached"
     summary_input_tokens: int = Field(default=6000, ge=1000)  # the transcript shape is cut to this (billed uncached)
-    summary_max_tokens: int = Field(default=2000, ge=100)  # the summary's length limit
+    # the summary's length limit; None: a sixteenth of the window, 256 to 2,000 tokens (a fixed 2,000 would be
+    # half of a 4k window)
+    summary_max_tokens: int | None = Field(default=None, ge=100)
     summary_timeout: float = Field(default=60, gt=0)  # seconds; then layer 1 / archive fallback
     identifiers_cap: int = Field(default=400, ge=0)  # identifiers listed verbatim under a summary
     identifiers_max_share: float = Field(default=0.08, ge=0, lt=1)  # ... costing at most this share of the window
     breaker_cooldown: float = Field(default=300, gt=0)  # seconds without summarizer calls after a failure
     retention_days: float = Field(default=7, gt=0)  # how long archived history stays readable
+
+
+def summary_tokens(s: CompressSettings, window: int) -> int:
+    """The summary's length limit: configured, else scaled to the window."""
+    if s.summary_max_tokens is not None:
+        return s.summary_max_tokens
+    return max(_MIN_SUMMARY_TOKENS, min(_MAX_SUMMARY_TOKENS, window // 16))
+
+
+def room_after(s: CompressSettings, window: int) -> int:
+    """The most a compaction may leave: halfway from target to trigger, so the next turns have room to grow."""
+    return int((s.target + max(s.target, s.trigger)) / 2 * window)
 
 
 class Compress:
@@ -161,26 +176,36 @@ class Compress:
             return layer1, "clear", {"cleared": n}
 
         span = msgs[h:t]
+        # Every result must leave room to grow, or the next request compacts (and breaks the cache) again.
+        room = room_after(s, ctx.window)
+        why: dict[str, Any] = {}
         if s.summary and not await ctx.store.get(log.breaker):
             try:
                 summary, usage = await self._summary(conv, ctx, archive, h, t, view, tool)
                 head = msgs[:h] + [summary]
                 layer2 = with_tail(head, counts[:h] + default_counter.message_counts([summary], model))
-                if sum(layer2.counts) + fixed <= ctx.window:
+                if sum(layer2.counts) + fixed <= room:
                     return layer2, "summary", {"summarized": len(span), "summary_calls": usage}
-                event("summary does not fit the window; archiving instead", request_id=ctx.request_id)
+                why = {"summary_rejected": "the summary leaves no room under the trigger", "summary_calls": usage}
+                event("summary leaves no room under the trigger; archiving instead", request_id=ctx.request_id)
+            except SummaryRejected as e:
+                why = {"summary_rejected": e.reason, "summary_calls": e.usage}
+                event("summary rejected; falling back", request_id=ctx.request_id, session=ctx.session,
+                      reason=e.reason)
+                await ctx.store.put(log.breaker, b"1", ttl=s.breaker_cooldown)
             except SummarizerError as e:
+                why = {"summary_rejected": str(e)}
                 event("summarizer failed; falling back", request_id=ctx.request_id, session=ctx.session, error=str(e))
                 await ctx.store.put(log.breaker, b"1", ttl=s.breaker_cooldown)
-        if sum(layer1.counts) + fixed <= ctx.window:  # over target but it fits: forward without a summary
-            return (layer1, "clear", {"cleared": n, "fallback": True}) if n else None
+        if n and sum(layer1.counts) + fixed <= room:  # over target but with room: forward without a summary
+            return layer1, "clear", {"cleared": n, "fallback": True, **why}
         handle = content_handle("span", render(span))
         await archive.put_text(handle, render(span))
         note = {"role": "user", "content": (
             f"{PLACEHOLDER_MARK} {len(span)} earlier messages ({sum(counts[h:t]):,} tokens) were archived to fit "
             f"the context window and could not be summarized. Read them with {read_call(tool, handle)}]")}
         return with_tail(msgs[:h] + [note], counts[:h] + default_counter.message_counts([note], model)), "archive", \
-            {"archived": len(span)}
+            {"archived": len(span), **why}
 
     def _cached_prefix(self, conv: Conversation, ctx: RequestContext, view: View, t: int) -> CachedPrefix | None:
         """The agent's request up to the tail, as its provider cached it; None when the cached shape can't be used."""
@@ -190,7 +215,7 @@ class Compress:
         tools = tools_as_sent(ctx.route.section("context_read"), conv.body.get("tools"), has_placeholders(conv))
         instruction = default_counter.count_text(IN_PLACE_PROMPT, model)
         if sum(view.counts[:t]) + default_counter.count_tools(tools, model) + instruction + REPLY_PRIMING_TOKENS \
-                + s.summary_max_tokens > ctx.window:
+                + summary_tokens(s, ctx.window) > ctx.window:
             return None
         return CachedPrefix(view.messages[:t], tools, cache_fields(ctx.route.section("cache"), conv.body, ctx))
 
@@ -224,12 +249,12 @@ class Compress:
         (known,) = await archive.decisions("summary", [handle])
         if known is not None:
             return known, []
-        budget = s.summary_input_tokens
+        budget, answer_tokens = s.summary_input_tokens, summary_tokens(s, ctx.window)
         if s.summary_model in (None, model):  # the summarizer shares the agent's window: leave room to answer
-            budget = min(budget, int(ctx.window * _SUMMARIZER_WINDOW_SHARE) - s.summary_max_tokens)
+            budget = min(budget, int(ctx.window * _SUMMARIZER_WINDOW_SHARE) - answer_tokens)
         target = SummarizerTarget(ctx.upstream, ctx.route.upstream, ctx.upstream_headers,
                                   s.summary_model or model or "gpt-4o-mini", max(budget, _MIN_TRANSCRIPT_TOKENS),
-                                  s.summary_max_tokens, s.summary_timeout)
+                                  answer_tokens, s.summary_timeout)
         facts = s.facts if s.strategy == "facts" else ()
         answer, prefix = None, self._cached_prefix(conv, ctx, view, t)
         if prefix is not None:
@@ -238,6 +263,10 @@ class Compress:
             except SummarizerDeclined:  # refused or a tool call: the transcript shape may still work
                 pass
         text, usage = answer or await summarize(target, span, facts)
+        tokens = sum(view.counts[h:t])
+        problem = summary_problem(text, tokens, target.model, () if facts else SECTIONS)
+        if problem is not None:
+            raise SummaryRejected(problem, usage)
         await archive.put_text(handle, full)
         ids, budget = [], ctx.window * s.identifiers_max_share
         for ident in identifiers(span, s.identifiers_cap):
@@ -246,7 +275,6 @@ class Compress:
                 break
             ids.append(ident)
         listing = "\n## Identifiers (verbatim from the compacted messages)\n" + "\n".join(ids) if ids else ""
-        tokens = sum(view.counts[h:t])
         message = {"role": "user", "content": (
             f"<context_summary>\n{PLACEHOLDER_MARK} {len(span)} earlier messages ({tokens:,} tokens) were compacted "
             f"into this summary; the full transcript: {read_call(tool, handle)}]\n\n{text}\n{listing}\n"
