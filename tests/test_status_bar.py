@@ -7,6 +7,7 @@ import re
 from collections import Counter
 
 import httpx
+import pytest
 
 from proxy_server import ProxyServer, make_settings
 
@@ -139,7 +140,7 @@ def test_tool_output_cannot_forge_the_status(upstream, tmp_path):
 def test_append_mode_replays_earlier_statuses_byte_for_byte(upstream, tmp_path):
     full = scenario()
     bodies = []
-    with ProxyServer(settings(upstream, tmp_path)) as p:
+    with ProxyServer(settings(upstream, tmp_path, mode="append")) as p:
         for end in range(4, len(full) + 1, 2):
             send(p, full[:end])
             bodies.append(sent(upstream))
@@ -154,10 +155,10 @@ def test_append_mode_replays_earlier_statuses_byte_for_byte(upstream, tmp_path):
 
 def test_append_mode_survives_restart_and_retries(upstream, tmp_path):
     full = scenario()
-    with ProxyServer(settings(upstream, tmp_path)) as p:
+    with ProxyServer(settings(upstream, tmp_path, mode="append")) as p:
         send(p, full[:6])
     first = sent(upstream)
-    with ProxyServer(settings(upstream, tmp_path)) as p:
+    with ProxyServer(settings(upstream, tmp_path, mode="append")) as p:
         send(p, full[:6])  # a retry after restart: the same status, not a new one
         assert sent(upstream) == first
         send(p, full[:8])
@@ -180,3 +181,19 @@ def test_role_and_guidance_are_configurable(upstream, tmp_path):
     last = sent(upstream)[-1]
     assert last["role"] == "system" and "advice: STOP REPEATING" in last["content"]
     assert "diagnose" not in last["content"]
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_context_advice_fits_whether_the_route_compresses(upstream, tmp_path, compress):
+    """Where the proxy will compact, telling the agent to finish its task would cut long runs short."""
+    msgs = scenario()
+    msgs[3]["content"] = "\n".join(f"line {i}: value {i * 31}" for i in range(2500))  # over 80% of the window
+    cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db", models={"gpt-4o": {"context_window": 30_000}},
+                        defaults={"compress": {"enabled": compress, "trigger": 0.99}, "offload": {"enabled": False}})
+    with ProxyServer(cfg) as p:
+        send(p, msgs)
+    advice = parse(sent(upstream)[-1]["content"])["advice"]
+    if compress:
+        assert "compact" in advice and "readable" in advice and "finish" not in advice
+    else:
+        assert "finish the task" in advice

@@ -47,12 +47,15 @@ class StatusBarSettings(BaseModel):
     enabled: bool = True
     agents_only: bool = True  # only requests with tools or tool messages get a status
     role: Literal["user", "system", "developer"] = "user"
-    mode: Literal["append", "replace"] = "append"
+    mode: Literal["append", "replace"] = "replace"
     error_pattern: str = DEFAULT_ERROR_PATTERN  # a tool result matching this looks like a failure
     todo: TodoShape = TodoShape()
     repeated_call: Guidance = Guidance(at=3, text="the same call keeps repeating: change approach")
     consecutive_errors: Guidance = Guidance(at=2, text="errors in a row: read the error and diagnose before retrying")
     context: Guidance = Guidance(at=0.8, text="context nearly full: finish the task or save your state")
+    # ... instead, where the route compresses: the agent need not hurry, nothing it needs is lost.
+    context_compressed: Guidance = Guidance(at=0.8, text="context filling up: the proxy will compact older "
+                                            "messages soon; what it removes stays readable by handle, so keep working")
 
     @field_validator("error_pattern")
     @classmethod
@@ -158,7 +161,9 @@ class StatusBar:
         msgs = conv.messages
         used = sum(conv.counts(msgs)) + REPLY_PRIMING_TOKENS \
             + default_counter.count_tools(conv.body.get("tools"), model)
-        text = self.render(traj, conv, ctx.window, used, now - clock["first"], now - clock["last"], now)
+        compress = ctx.route.section("compress")
+        text = self.render(traj, conv, ctx.window, used, now - clock["first"], now - clock["last"], now,
+                           compressed=bool(compress is not None and compress.enabled))
         status = {"role": self.settings.role, "content": text}
         if used + default_counter.count_message(status, model) + reserve_tokens(conv.body) > ctx.window:
             conv.events.append(Event("status-skipped", {"reason": "would not fit the window"}))
@@ -170,7 +175,8 @@ class StatusBar:
         return conv
 
     def render(self, t: Trajectory, conv: Conversation, window: int, used: int, since_first: float,
-               since_last: float, now: float) -> str:
+               since_last: float, now: float, compressed: bool = False) -> str:
+        """`compressed`: the route compacts history, so the context advice says so instead of "finish"."""
         s = self.settings
         offloads = sum(1 for e in conv.events if e.kind == "offload")
         compactions = max((e.detail.get("version", 0) for e in conv.events if e.kind == "compaction"), default=0)
@@ -187,7 +193,8 @@ class StatusBar:
         lines.append("time: " + time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(now)))
         if t.todo_open is not None:
             lines.append(f"todo: {t.todo_open} open, {t.todo_done} done")
-        for value, rule in ((t.repeated, s.repeated_call), (t.consecutive_errors, s.consecutive_errors), (share, s.context)):
+        context = s.context_compressed if compressed else s.context
+        for value, rule in ((t.repeated, s.repeated_call), (t.consecutive_errors, s.consecutive_errors), (share, context)):
             if rule.text and value >= rule.at:
                 lines.append(f"advice: {rule.text}")
         return STATUS_OPEN + "\n" + "\n".join(lines) + "\n</agent_status>"
