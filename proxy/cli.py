@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from proxy.config import Settings, load_settings
 from proxy.errors import ConfigError
@@ -71,6 +73,29 @@ def _check(settings: Settings) -> None:
         glob = r.match.model or "-"
         key = f"key from ${r.upstream.api_key_env}" if r.upstream.api_key_env else "client's key"
         print(f"route {r.name}: model {glob} -> {r.upstream.base_url} ({key})")
+    for w in config_warnings(settings):
+        print(f"warning: {w}", file=sys.stderr)
+
+
+_VERSION_PATH = re.compile(r"/v\d+[a-z0-9]*(?:/|$)", re.IGNORECASE)
+
+
+def config_warnings(settings: Settings) -> list[str]:
+    """What is valid but probably not meant: said at start-up and by `check`, never fatal."""
+    out = []
+    for r in settings.routes:
+        base = r.upstream.base_url
+        if not _VERSION_PATH.search(urlsplit(base).path):
+            out.append(f"route {r.name}: upstream {base} has no version path such as /v1; chat requests will go "
+                       f"to {base}/chat/completions (most providers want {base}/v1)")
+    return out
+
+
+def startup_line(settings: Settings, source: str) -> str:
+    """One line that says where requests will go, where state is kept and which config was read."""
+    routes = ", ".join(f"{r.name} -> {r.upstream.base_url}" for r in settings.routes)
+    return (f"ctxproxy: listening on http://{settings.server.host}:{settings.server.port}; routes: {routes}; "
+            f"store: {settings.store.split('@')[-1]}; config: {source}")
 
 
 # --------------------------------------------------------------------------- stats
@@ -253,6 +278,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ctxproxy: invalid configuration: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if args.command == "serve":
+        print(startup_line(settings, args.config or os.environ.get("CTXPROXY_CONFIG") or "built-in defaults"),
+              flush=True)
+        for w in config_warnings(settings):
+            print(f"ctxproxy: warning: {w}", file=sys.stderr, flush=True)
         _serve(settings)
     else:
         _check(settings)

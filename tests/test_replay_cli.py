@@ -130,7 +130,14 @@ def test_replay_without_traces_uses_the_shipped_examples():
     assert doc["simulated"] is True and "SIMULATION" in doc["note"]
     assert [t["name"] for t in doc["traces"]] == [p.stem for p in EXAMPLES]
     assert all(t["license"] == "MIT" and t["source"]["repo"] for t in doc["traces"])
-    assert all(p.stat().st_size < 100_000 for p in EXAMPLES) and len(EXAMPLES) >= 2
+    assert all(p.stat().st_size < 200_000 for p in EXAMPLES) and len(EXAMPLES) >= 2
+    # The first demo shows the proxy earning its keep at the default window: without it the long example
+    # dies at the window; with it every turn is answered, and the turns both answered cost less.
+    totals = doc["totals"]
+    assert totals["no_proxy"]["rejected"] > 0 and totals["ctxproxy"]["rejected"] == 0
+    assert totals["ctxproxy"]["compactions"]
+    both = totals["both_answered"]
+    assert both["ctxproxy"]["effective_cost"] < both["no_proxy"]["effective_cost"]
 
 
 # --------------------------------------------------------------------------- (b) the baseline, recomputed

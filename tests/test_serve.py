@@ -102,3 +102,31 @@ def test_serve_with_missing_config_file_explains_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "--config", str(tmp_path / "nope.yaml")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "config file not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_serve_says_in_one_line_where_requests_go_and_state_is_kept(tmp_path, upstream):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"upstream: {{base_url: '{upstream.base_url}'}}\nroutes:\n  - name: local\n"
+                   f"    upstream: {{base_url: 'http://127.0.0.1:9/v1'}}\n")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--config", str(cfg)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert f"default -> {upstream.base_url}" in line and "local -> http://127.0.0.1:9/v1" in line
+    assert "store: sqlite:///./ctxproxy.db" in line and f"config: {cfg}" in line and f":{port}" in line
+
+
+def test_check_warns_about_an_upstream_without_a_version_path(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("routes:\n  - name: bare\n    upstream: {base_url: 'http://127.0.0.1:8000'}\n"
+                   "  - name: azure\n    upstream: {base_url: 'https://x.example/openai/v1'}\n")
+    r = subprocess.run([sys.executable, "-m", "proxy.cli", "check", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    warnings = [x for x in r.stderr.splitlines() if x.startswith("warning:")]
+    assert len(warnings) == 1 and "route bare" in warnings[0] and "/v1" in warnings[0]
