@@ -149,8 +149,7 @@ def _hidden_event(ev: bytes, chunk: Any) -> bytes:
         if event_payload(ev):
             raise hidden_failure(200, b"", "text/event-stream", "an event whose data is not JSON")
         return b""
-    err = shape.provider_error(chunk)
-    if err is not None:
+    if shape.provider_error(chunk) is not None:
         raise hidden_failure(200, orjson.dumps(chunk), "text/event-stream", "an error event")
     if not isinstance(chunk, dict):
         raise hidden_failure(200, b"", "text/event-stream", "an event whose data is not a JSON object")
