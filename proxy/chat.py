@@ -22,9 +22,9 @@ from proxy.accounting import Outcome, usage_from_events
 from proxy.archive import Archive
 from proxy.compaction import reserve_tokens
 from proxy.conversation import Conversation, RequestContext
-from proxy.errors import ProxyError, UpstreamUnreachable
+from proxy.errors import ProxyError, UpstreamUnreachable, error_body
 from proxy.learned_windows import overflow_limit
-from proxy.logs import event
+from proxy.logs import event, log as logger
 from proxy.pipeline import run_pipeline
 from proxy.report import event_fields, event_headers
 from proxy.responses import error_response, read_body, relay_response, relay_stream
@@ -198,6 +198,11 @@ async def _relay_sse(chunks: AsyncIterator[bytes], status: int, log: dict, t0: f
         err = UpstreamUnreachable(f"upstream stream ended early: {cut}", code="upstream_stream_cut")
         status, error = err.status, err.code
         yield b"data: " + err.body() + b"\n\n"
+    except Exception as exc:  # a proxy bug: the headers are out, so say it in the stream rather than cut it
+        logger.error("unexpected error in a stream", exc_info=exc,
+                     extra={"fields": {"request_id": log.get("request_id")}})
+        status, error = 500, "internal_error"
+        yield b"data: " + error_body("internal proxy error; see the proxy log", "proxy_error", error) + b"\n\n"
     finally:
         if first is not None:
             log["ttfb_ms"] = round((first - t0) * 1000, 3)

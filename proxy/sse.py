@@ -29,9 +29,14 @@ def split_events(buffer: bytearray) -> list[bytes]:
         del buffer[:i + 2]
 
 
+def event_payload(event: bytes) -> bytes:
+    """An event's data lines joined, without the field names; b"" for an event with no data (a comment)."""
+    return b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+
+
 def event_data(event: bytes) -> Any:
-    """The JSON of an event's data lines; b"[DONE]"; or None."""
-    payload = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+    """The JSON of an event's data lines; b"[DONE]"; or None (no data, or data that is not JSON)."""
+    payload = event_payload(event)
     if not payload or payload == DONE:
         return payload or None
     try:

@@ -4,20 +4,34 @@ httpx's API over an aiohttp transport: httpx's default transport is most of a
 bare proxy's overhead (DESIGN.md, performance notes); aiohttp keeps it near the
 floor. Responses stream chunk by chunk as they arrive; nothing is buffered
 whole unless the caller reads it.
+
+A pooled keep-alive connection can die just as a request goes out on it: the
+provider closed it while idle, and the request meets a reset or a close before
+any answer. The provider never saw that request, so it is sent once more on a
+fresh connection - what browsers and httpx do for stale keep-alive connections,
+and safe for a POST only because not one byte of a response came back (the
+connection's protocol notes that; see `_Handler`). Never twice, never after a
+timeout. aiohttp already does this itself for idempotent methods.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 from collections.abc import AsyncIterator, Iterable
+from contextvars import ContextVar
 from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 import httpx
+from aiohttp.client_proto import ResponseHandler
 from httpx_aiohttp import AiohttpTransport
 
 from proxy.config import UpstreamSettings
 from proxy.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
+from proxy.logs import event
 
 # Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus ones
 # the transport recomputes.
@@ -31,6 +45,10 @@ _PROXY_HEADERS = frozenset({"x-ctx-route"})
 MAX_CONNECTIONS = 1000
 MAX_KEEPALIVE = 200
 _WRITE_TIMEOUT = 60.0  # seconds to send a request body
+# Retried by aiohttp itself on a dropped persistent connection (RFC 9110 §9.2.2); the proxy retries the rest.
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+# A connection that died under a request: reset, closed, or closing when written to.
+_DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)
 
 
 def _dropped(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
@@ -104,15 +122,64 @@ def upstream_url(upstream: UpstreamSettings, tail: str, query: str) -> str:
     return f"{url}?{query}" if query else url
 
 
+def _host(url: str) -> str:
+    where = httpx.URL(url)
+    return f"{where.scheme}://{where.host}" + (f":{where.port}" if where.port else "")
+
+
 def _transport_error(exc: Exception, url: str) -> ProxyError:
-    where = httpx.URL(url).copy_with(query=None)
-    host = f"{where.scheme}://{where.host}" + (f":{where.port}" if where.port else "")
+    host = _host(url)
     cause = exc.__cause__
     if isinstance(exc, httpx.TimeoutException) and not isinstance(
             cause, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectorError)):
         return UpstreamTimeout(f"upstream {host} timed out ({type(cause or exc).__name__})")
     reason = str(cause or exc) or type(cause or exc).__name__
     return UpstreamUnreachable(f"upstream {host} unreachable: {reason}")
+
+
+class _Attempt:
+    """One send of one request: whether a connection carried it, and whether any response byte came back."""
+
+    __slots__ = ("sent", "answered")
+
+    def __init__(self) -> None:
+        self.sent = False
+        self.answered = False
+
+
+_ATTEMPT: ContextVar[_Attempt | None] = ContextVar("ctxproxy_upstream_attempt", default=None)
+
+
+class _Handler(ResponseHandler):
+    """aiohttp's connection protocol, telling the request in flight whether the provider sent it anything.
+
+    aiohttp prepares the protocol for each request from inside that request's
+    task, so the attempt is picked up there; bytes arrive in loop callbacks,
+    outside any task, so they are noted on the attempt picked up.
+    """
+
+    _attempt: _Attempt | None = None
+
+    def set_response_params(self, **kwargs: Any) -> None:
+        self._attempt = _ATTEMPT.get()
+        if self._attempt is not None:
+            self._attempt.sent = True
+        super().set_response_params(**kwargs)
+
+    def data_received(self, data: bytes) -> None:
+        if data and self._attempt is not None:
+            self._attempt.answered = True
+        super().data_received(data)
+
+
+def _unanswered_drop(exc: BaseException, attempt: _Attempt) -> bool:
+    """The connection died under the request before a single response byte: safe to send it again."""
+    cause = exc.__cause__ if isinstance(exc, httpx.TransportError) and exc.__cause__ is not None else exc
+    if isinstance(cause, (aiohttp.ClientConnectorError, TimeoutError)) or not isinstance(cause, _DROPPED):
+        return False  # never connected (not a drop), or a timeout: not retried
+    if isinstance(cause, OSError) and cause.errno == errno.ETIMEDOUT:
+        return False
+    return attempt.sent and not attempt.answered
 
 
 class Upstream:
@@ -122,29 +189,53 @@ class Upstream:
         limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE)
         ssl_context = httpx.create_ssl_context(trust_env=True)
 
-        def session() -> aiohttp.ClientSession:
-            # No cookie jar at either layer: one client serves every tenant, so a
-            # provider's Set-Cookie must never ride along on someone else's request.
-            connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=limits.keepalive_expiry,
-                                             ssl=ssl_context)
-            return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
+        def client(fresh: bool) -> httpx.AsyncClient:
+            def session() -> aiohttp.ClientSession:
+                # No cookie jar at either layer: one client serves every tenant, so a
+                # provider's Set-Cookie must never ride along on someone else's request.
+                pooling: dict[str, Any] = {"force_close": True} if fresh else {
+                    "keepalive_timeout": limits.keepalive_expiry}
+                connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, ssl=ssl_context, **pooling)
+                # aiohttp has no public way to choose its protocol class (version pinned; tests/test_upstream_retry.py)
+                connector._factory = functools.partial(_Handler, loop=connector._loop)
+                return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
-        self.client = httpx.AsyncClient(transport=AiohttpTransport(limits=limits, client=session), timeout=None,
-                                        cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])))
+            return httpx.AsyncClient(transport=AiohttpTransport(limits=limits, client=session), timeout=None,
+                                     cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])))
+
+        self.client = client(fresh=False)
+        self.fresh = client(fresh=True)  # a new connection per request, closed after: for the one retry
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]], content: bytes | None,
                    settings: UpstreamSettings) -> httpx.Response:
-        """Send and return as soon as the status line and headers arrive (body still streaming)."""
+        """Send and return as soon as the status line and headers arrive (body still streaming).
+
+        A connection dropped before any response byte is retried once on a fresh one (module docstring).
+        """
         timeout = httpx.Timeout(connect=settings.connect_timeout, read=settings.read_timeout,
                                 write=_WRITE_TIMEOUT, pool=settings.connect_timeout)
-        req = self.client.build_request(method, url, headers=headers, content=content, timeout=timeout)
+        attempt = _Attempt()
+        token = _ATTEMPT.set(attempt)
         try:
+            req = self.client.build_request(method, url, headers=headers, content=content, timeout=timeout)
             return await self.client.send(req, stream=True)
+        except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
+            if method.upper() in _IDEMPOTENT or not _unanswered_drop(e, attempt):
+                raise _transport_error(e, url) from e
+            dropped = e
+        finally:
+            _ATTEMPT.reset(token)
+        event("upstream connection dropped before answering; retrying once on a fresh connection",
+              upstream=_host(url), reason=_transport_error(dropped, url).message)
+        try:
+            req = self.fresh.build_request(method, url, headers=headers, content=content, timeout=timeout)
+            return await self.fresh.send(req, stream=True)
         except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
             raise _transport_error(e, url) from e
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        await self.fresh.aclose()
 
 
 async def iter_raw(resp: httpx.Response, url: str) -> AsyncIterator[bytes]:
