@@ -441,7 +441,7 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_store_outage_forwards_unmodified_fast_and_recovers(upstream, tmp_path, monkeypatch):
-    monkeypatch.setattr(guarded, "BACKOFF_S", 0.5)  # before the proxy (and its GuardedStore) is built
+    monkeypatch.setattr(guarded, "MAX_BACKOFF_S", 1.0)  # a probe at least every second: recovery shows quickly
     redis = RedisProcess(free_port(), tmp_path)
     redis.start()
     try:

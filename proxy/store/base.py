@@ -33,8 +33,9 @@ class Store(Protocol):
 
     Keys are plain strings that callers namespace themselves (``t:{tenant}:blob:{h}``).
     ``ttl`` is seconds (float) or ``None`` for no expiry; an expired entry reads as
-    absent. Blobs and JSON records share one keyspace; counters, logs and locks each
-    have their own, so a counter and a blob under the same key are independent.
+    absent. Blobs and JSON records share one keyspace; counters, logs, locks and the
+    byte counts of counted groups each have their own, so a counter and a blob under
+    the same key are independent.
     Every conditional write (``*_if_absent``, ``incr``, locks) is atomic across all
     store instances on the same backend, including ones in other processes.
     """
