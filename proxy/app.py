@@ -36,7 +36,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ensure_encodings()
         for name in SHIPPED_ENCODINGS:
             get_encoding(name)  # load now, not in the first request (~200 ms)
-        store = GuardedStore(open_store(settings.store))
+        store = GuardedStore(open_store(settings.store, settings.store_timeout), timeout=settings.store_timeout)
         upstream = Upstream()
         app.state.proxy = ProxyState.create(settings, upstream, store)
         # Start-up objects (tokenizers, modules) never die: keep them out of the

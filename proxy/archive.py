@@ -5,6 +5,11 @@ history, summarized spans) lives here under the tenant that sent it: another
 API key gets "no such handle", never the text. Decisions are recorded once
 (`put_if_absent`) and replayed verbatim, so the same raw input is rewritten
 into the same bytes on every request, after a restart, and on every replica.
+
+Stored text counts against the tenant's byte quota: past it, the tenant's
+oldest text is evicted first. Eviction removes only text, never a decision, so
+a placeholder already sent keeps its bytes; reading an evicted handle back
+answers "no stored content", like any unknown handle.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ def _blob_key(tenant: str, handle: str) -> str:
     return f"t:{tenant}:blob:{handle}"
 
 
+def _quota_group(tenant: str) -> str:
+    return f"t:{tenant}:archive"
+
+
 def _decision_key(tenant: str, kind: str, handle: str) -> str:
     return f"t:{tenant}:decision:{kind}:{handle}"
 
@@ -45,14 +54,27 @@ def _decision_key(tenant: str, kind: str, handle: str) -> str:
 class Archive:
     """Stored text and recorded decisions of one tenant."""
 
-    def __init__(self, store: Store, tenant: str, retention_days: float | None = None) -> None:
+    def __init__(self, store: Store, tenant: str, retention_days: float | None = None,
+                 quota_bytes: int | None = None) -> None:
         self.store = store
         self.tenant = tenant
         self.ttl = retention_days * SECONDS_PER_DAY if retention_days else None
+        self.quota = quota_bytes or None  # 0/None: unlimited, and not counted
 
     async def put_text(self, handle: str, text: str) -> None:
-        """Durably store the text (before any request that names its handle goes upstream)."""
-        await self.store.put(_blob_key(self.tenant, handle), text.encode("utf-8", "surrogatepass"), ttl=self.ttl)
+        """Durably store the text (before any request that names its handle goes upstream).
+
+        Under a quota, this may evict the tenant's oldest stored text (never this one).
+        """
+        key, value = _blob_key(self.tenant, handle), text.encode("utf-8", "surrogatepass")
+        if self.quota is None:
+            await self.store.put(key, value, ttl=self.ttl)
+        else:
+            await self.store.put_counted(key, value, _quota_group(self.tenant), self.quota, ttl=self.ttl)
+
+    async def stored_bytes(self) -> int:
+        """Bytes of text this tenant holds against its quota (0 when no quota counts it)."""
+        return await self.store.counted_bytes(_quota_group(self.tenant))
 
     async def get_text(self, handle: str) -> str | None:
         if not is_handle(handle):

@@ -140,6 +140,7 @@ async def _context(st: ProxyState, request: Request, conv: Conversation, request
     return RequestContext(request_id=request_id, route=route, tenant=tenant,
                           session=session_id(request.headers, tenant, route, conv.body), model=model,
                           stream=conv.body.get("stream") is True, store=st.store,
+                          archive_quota=st.settings.store_quota_bytes,
                           window=min(window, learned or window), upstream=st.upstream,
                           upstream_headers=request_headers(request.headers.items(), route.upstream,
                                                            identity_encoding=True))

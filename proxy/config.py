@@ -26,6 +26,13 @@ from proxy.errors import ConfigError
 
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 DEFAULT_STORE = "sqlite:///./ctxproxy.db"
+# Deadline (seconds) of one store call. A store that does not answer in time counts as
+# down: the request goes upstream unmodified (x-ctxproxy-degraded) instead of waiting.
+# A healthy Redis or SQLite answers in well under a millisecond.
+DEFAULT_STORE_TIMEOUT = 0.5
+# Bytes of archived text (offloaded and cleared results, archived spans) one tenant may
+# keep; past it, the tenant's oldest stored text is evicted first. 0 or null: unlimited.
+DEFAULT_STORE_QUOTA_BYTES = 256 * 1024 * 1024
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 # Largest request body accepted (bytes). Agent histories with offloadable tool
@@ -123,6 +130,8 @@ class Route(_Strict):
 class Settings(_Strict):
     upstream: UpstreamSettings = UpstreamSettings()
     store: str = DEFAULT_STORE
+    store_timeout: float = Field(default=DEFAULT_STORE_TIMEOUT, gt=0)
+    store_quota_bytes: int | None = Field(default=DEFAULT_STORE_QUOTA_BYTES, ge=0)  # per tenant; 0/None: unlimited
     admin_token: str | None = None
     # Key for the tenant hash; replicas sharing a store must share it.
     tenant_salt: str = "ctxproxy-tenant-v1"
@@ -149,6 +158,8 @@ class _RouteFile(BaseModel):
 class _ConfigFile(_Strict):
     upstream: dict[str, Any] = Field(default_factory=dict)
     store: str = DEFAULT_STORE
+    store_timeout: float = Field(default=DEFAULT_STORE_TIMEOUT, gt=0)
+    store_quota_bytes: int | None = Field(default=DEFAULT_STORE_QUOTA_BYTES, ge=0)
     admin_token_env: str | None = None
     tenant_salt: str = "ctxproxy-tenant-v1"
     server: ServerSettings = ServerSettings()
@@ -249,7 +260,8 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
                             context_window=rf.context_window or file.default_context_window))
 
     admin = env.get("CTXPROXY_ADMIN_TOKEN") or (env.get(file.admin_token_env) if file.admin_token_env else None)
-    return Settings(upstream=upstream, store=file.store, admin_token=admin or None,
+    return Settings(upstream=upstream, store=file.store, store_timeout=file.store_timeout,
+                    store_quota_bytes=file.store_quota_bytes or None, admin_token=admin or None,
                     tenant_salt=env.get("CTXPROXY_TENANT_SALT", file.tenant_salt), server=server_s,
                     logging=file.logging, models=file.models, routes=tuple(routes))
 

@@ -50,6 +50,7 @@ class RequestContext:
     window: int  # the model's context window, in tokens
     upstream: Upstream  # for the proxy's own calls (summaries), on the route's upstream
     upstream_headers: list[tuple[str, str]]  # the client's headers as sent upstream (auth included)
+    archive_quota: int | None = None  # bytes of stored text the tenant may keep (settings.store_quota_bytes)
 
 
 @dataclass(frozen=True)

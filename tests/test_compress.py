@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
+from typing import Any
 
 import httpx
 import pytest
 
 from proxy.history import pairing_is_valid
+from proxy.pipeline import compress
+from proxy.routing import tenant_id
+from proxy.store import open_store
 from proxy.summarizer import COMPACTION_OPEN, SYSTEM_PROMPT
 from proxy_server import ProxyServer, make_settings
 
+SALT = "ctxproxy-tenant-v1"
 WINDOW = 6000
 MODEL = "small-agent-model"
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {
@@ -210,6 +216,56 @@ def test_concurrent_requests_of_a_session_summarize_once(upstream, tmp_path):
         responses = asyncio.run(go())
     assert all(r.status_code == 200 for r in responses)
     assert sum(is_summary_call(r.json) for r in upstream.requests) == 1
+    assert len({r.body for r in chat_requests(upstream)}) == 1
+
+
+def test_a_holder_killed_mid_compaction_frees_the_session_within_seconds(upstream, tmp_path):
+    """kill -9 during a summary call leaves the session's lock behind; the next request waits out its short
+    lease and compacts, rather than waiting the summary timeout (130 s) and going upstream over the window."""
+    store_url = f"sqlite:///{tmp_path}/c.db"
+    session = f"killed-{uuid.uuid4().hex}"
+    lock = f"t:{tenant_id('sk-a', SALT)}:s:{session}:compaction:lock"
+
+    async def left_by_the_killed_process() -> str | None:
+        store = open_store(store_url)  # taken as a holder takes it, then never renewed: the holder is gone
+        try:
+            return await store.acquire_lock(lock, compress.LOCK_LEASE_S)
+        finally:
+            await store.close()
+
+    with ProxyServer(settings(upstream, store_url, min_clear_tokens=100_000)) as p:
+        assert asyncio.run(left_by_the_killed_process())
+        upstream.script(*[responder] * 5)
+        started = time.monotonic()
+        r = httpx.post(p.url + "/v1/chat/completions", timeout=60,
+                       headers={"authorization": "Bearer sk-a", "x-session-id": session},
+                       json={"model": MODEL, "messages": agent_run(20), "tools": TOOLS})
+        took = time.monotonic() - started
+    assert r.status_code == 200 and r.headers.get("x-ctxproxy-compacted") == "summary"
+    assert took < compress.LOCK_LEASE_S + 5, f"waited {took:.1f}s for a dead holder's lock"
+
+
+def test_a_live_holder_keeps_the_lock_past_its_lease_so_nobody_summarizes_twice(upstream, tmp_path, monkeypatch):
+    monkeypatch.setattr(compress, "LOCK_LEASE_S", 0.5)
+    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
+        upstream.script(*[responder] * 20)
+        upstream.delay = 2.0  # the summary call takes four leases
+        run = agent_run(24)
+
+        async def go() -> list:
+            async with httpx.AsyncClient(timeout=60) as c:
+                def send() -> Any:
+                    return c.post(p.url + "/v1/chat/completions", headers={"authorization": "Bearer sk-a"},
+                                  json={"model": MODEL, "messages": run, "tools": TOOLS})
+                first = asyncio.ensure_future(send())
+                await asyncio.sleep(1.0)  # two leases into the first request's summary call
+                second = asyncio.ensure_future(send())
+                return [await first, await second]
+        responses = asyncio.run(go())
+    assert all(r.status_code == 200 for r in responses)
+    assert sum(is_summary_call(r.json) for r in upstream.requests) == 1
+    assert responses[0].headers.get("x-ctxproxy-compacted") == "summary"
+    assert responses[1].headers.get("x-ctxproxy-compaction") == responses[0].headers.get("x-ctxproxy-compaction")
     assert len({r.body for r in chat_requests(upstream)}) == 1
 
 

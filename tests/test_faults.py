@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from proxy.accounting import timeline_key
 from proxy.routing import tenant_id
 from proxy.store import open_store
 from proxy_server import ProxyServer, make_settings
+from silent_server import SilentServer
 
 KEY = "sk-faults"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -439,7 +441,7 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_store_outage_forwards_unmodified_fast_and_recovers(upstream, tmp_path, monkeypatch):
-    monkeypatch.setattr(guarded, "COOLDOWN_S", 0.5)  # before the proxy (and its GuardedStore) is built
+    monkeypatch.setattr(guarded, "MAX_BACKOFF_S", 1.0)  # a probe at least every second: recovery shows quickly
     redis = RedisProcess(free_port(), tmp_path)
     redis.start()
     try:
@@ -483,6 +485,46 @@ def test_store_outage_forwards_unmodified_fast_and_recovers(upstream, tmp_path, 
             assert c.get("/readyz").status_code == 200
     finally:
         redis.kill()
+
+
+def test_store_that_accepts_connections_but_never_answers_costs_milliseconds(upstream):
+    """Redis behind a relay that swallows every command: no 5-10 s stalls, every request says it is degraded."""
+    with SilentServer() as silent:
+        settings = make_settings(upstream.base_url, silent.url, defaults=OFFLOAD)
+        with ProxyServer(settings) as p, httpx.Client(base_url=p.url, headers=AUTH, timeout=30) as c:
+
+            def ask(body: dict[str, Any]) -> tuple[httpx.Response, bytes, float]:
+                raw = orjson.dumps(body)
+                t0 = time.monotonic()
+                r = c.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+                return r, raw, time.monotonic() - t0
+
+            for i in range(12):  # plain chat, spread over several backoffs: some of them carry the probe
+                r, raw, took = ask({"model": "m", "messages": [{"role": "user", "content": f"question {i}"}]})
+                assert r.status_code == 200, r.text
+                assert r.headers.get("x-ctxproxy-degraded") == "store-unavailable"
+                assert upstream.requests[-1].body == raw
+                assert took < 1.5, f"plain request {i} took {took:.2f}s on a silent store"
+                time.sleep(0.15)
+
+            store = p.state.store
+            while store.degraded:  # the backoff runs out: the next calls race for the one probe
+                time.sleep(0.02)
+            bodies = [{"model": "m", "messages": big_tool_history(f"burst{i}")} for i in range(8)]
+            with ThreadPoolExecutor(len(bodies)) as pool:
+                burst = list(pool.map(ask, bodies))
+            for r, raw, took in burst:
+                assert r.status_code == 200 and r.headers.get("x-ctxproxy-degraded") == "store-unavailable"
+                assert "x-ctxproxy-offloaded" not in r.headers
+                assert took < 1.5, f"concurrent request took {took:.2f}s on a silent store"
+            assert {raw for _, raw, _ in burst} == {req.body for req in upstream.requests[-len(bodies):]}
+
+            t0 = time.monotonic()
+            ready = c.get("/readyz")
+            took = time.monotonic() - t0
+            assert ready.status_code == 503 and ready.json()["store"] is False
+            assert took < 1.0, f"/readyz took {took:.2f}s on a silent store"
+            assert _metric(c.get("/metrics").text, "ctxproxy_degraded_requests_total") >= 20
 
 
 # --------------------------------------------------------------------------- SIGTERM drains in-flight streams

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis.asyncio as aioredis
 
 from proxy.store import RedisStore, SqliteStore, Store, StoreError, open_store
+from silent_server import SilentServer
 
 REDIS_URL = os.environ.get("CTXPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 SKIP_REDIS = os.environ.get("CTXPROXY_SKIP_REDIS") == "1"
@@ -363,6 +367,74 @@ async def test_renew_extends_lease(store: Store, backend: Backend) -> None:
     assert await store.release_lock("t:a:job", token) is True
 
 
+# ---- counted blobs: a byte quota per group, oldest evicted first ------------------
+
+BLOB = 100  # bytes per counted blob in these tests
+QUOTA = 350  # room for three of them
+
+
+async def test_counted_put_evicts_the_groups_oldest_blobs_first(store: Store, backend: Backend) -> None:
+    other = backend.open()  # another replica/process on the same backend shares the quota
+    for i in range(6):
+        evicted = await (store if i % 2 else other).put_counted(
+            f"t:a:blob:{i}", bytes([i]) * BLOB, "t:a:archive", QUOTA, ttl=60)
+        assert evicted == (1 if i >= 3 else 0)
+        assert await store.counted_bytes("t:a:archive") <= QUOTA
+    assert await store.get_many([f"t:a:blob:{i}" for i in range(6)]) == [None] * 3 + [bytes([i]) * BLOB
+                                                                                      for i in (3, 4, 5)]
+    assert await store.counted_bytes("t:a:archive") == 3 * BLOB
+
+
+async def test_counted_put_leaves_other_groups_and_plain_blobs_alone(store: Store) -> None:
+    await store.put("t:a:decision:1", b"a recorded decision")
+    for i in range(3):
+        await store.put_counted(f"t:b:blob:{i}", b"b" * BLOB, "t:b:archive", QUOTA)
+    for i in range(10):
+        await store.put_counted(f"t:a:blob:{i}", b"a" * BLOB, "t:a:archive", QUOTA)
+    assert await store.get_many([f"t:b:blob:{i}" for i in range(3)]) == [b"b" * BLOB] * 3
+    assert await store.counted_bytes("t:b:archive") == 3 * BLOB
+    assert await store.get("t:a:decision:1") == b"a recorded decision"
+    assert await store.counted_bytes("t:a:archive") == 3 * BLOB
+    assert await store.counted_bytes("t:nobody:archive") == 0
+
+
+async def test_storing_a_counted_blob_again_replaces_its_size_and_makes_it_newest(store: Store) -> None:
+    for i in range(3):
+        await store.put_counted(f"t:a:blob:{i}", b"x" * BLOB, "t:a:archive", QUOTA)
+    bigger = b"y" * (BLOB + BLOB // 2)
+    assert await store.put_counted("t:a:blob:0", bigger, "t:a:archive", QUOTA) == 0  # 0 is now the newest
+    assert await store.counted_bytes("t:a:archive") == 2 * BLOB + len(bigger)
+    assert await store.put_counted("t:a:blob:3", b"z" * BLOB, "t:a:archive", QUOTA) == 1  # 1, the oldest now
+    assert await store.get_many(["t:a:blob:0", "t:a:blob:1", "t:a:blob:2"]) == [bigger, None, b"x" * BLOB]
+    assert await store.counted_bytes("t:a:archive") == 2 * BLOB + len(bigger)
+
+
+async def test_a_counted_blob_larger_than_the_quota_is_kept_until_the_next_put(store: Store) -> None:
+    await store.put_counted("t:a:blob:small", b"s" * BLOB, "t:a:archive", QUOTA)
+    assert await store.put_counted("t:a:blob:huge", b"h" * (QUOTA * 2), "t:a:archive", QUOTA) == 1
+    assert await store.get("t:a:blob:huge") == b"h" * (QUOTA * 2)
+    assert await store.put_counted("t:a:blob:next", b"n" * BLOB, "t:a:archive", QUOTA) == 1
+    assert await store.get("t:a:blob:huge") is None
+    assert await store.counted_bytes("t:a:archive") == BLOB
+
+
+async def test_counted_puts_under_concurrency_never_lose_count(store: Store, backend: Backend) -> None:
+    instances = [store, backend.open()]
+    await asyncio.gather(*(instances[i % 2].put_counted(f"t:a:blob:{i}", b"c" * BLOB, "t:a:archive", QUOTA)
+                           for i in range(CONCURRENT_CALLS)))
+    kept = [b for b in await store.get_many([f"t:a:blob:{i}" for i in range(CONCURRENT_CALLS)]) if b is not None]
+    assert len(kept) == 3
+    assert await store.counted_bytes("t:a:archive") == 3 * BLOB
+
+
+async def test_counted_blob_expires_like_any_blob(store: Store) -> None:
+    await store.put_counted("t:a:blob:short", b"x" * BLOB, "t:a:archive", QUOTA, ttl=SHORT_TTL)
+    await asyncio.sleep(PAST_SHORT_TTL)
+    assert await store.get("t:a:blob:short") is None
+    with pytest.raises(ValueError):
+        await store.put_counted("t:a:blob:bad", b"x", "t:a:archive", 0)
+
+
 # ---- validation and failure -------------------------------------------------------
 
 
@@ -378,20 +450,125 @@ async def test_rejects_nonsense_ttl_and_max_len(store: Store) -> None:
     assert await store.get("t:a:k") is None
 
 
-async def test_unreachable_redis_raises_store_error() -> None:
-    dead = RedisStore("redis://127.0.0.1:1/0", connect_timeout=0.5)
+# Every Store method, called the way the proxy calls it.
+EVERY_CALL: dict[str, Callable[[Store], Awaitable[Any]]] = {
+    "get": lambda s: s.get("t:a:k"),
+    "put": lambda s: s.put("t:a:k", b"v", ttl=60),
+    "put_if_absent": lambda s: s.put_if_absent("t:a:k", b"v"),
+    "get_json": lambda s: s.get_json("t:a:rec"),
+    "put_json": lambda s: s.put_json("t:a:rec", {"a": 1}),
+    "put_json_if_absent": lambda s: s.put_json_if_absent("t:a:rec", {"a": 1}),
+    "get_many": lambda s: s.get_many(["t:a:k", "t:a:j"]),
+    "delete": lambda s: s.delete("t:a:k"),
+    "put_counted": lambda s: s.put_counted("t:a:blob:1", b"v", "t:a:archive", 1000, ttl=60),
+    "counted_bytes": lambda s: s.counted_bytes("t:a:archive"),
+    "incr": lambda s: s.incr("t:a:n"),
+    "incr_many": lambda s: s.incr_many({"t:a:n": 1, "t:a:m": 2.5}),
+    "get_counter": lambda s: s.get_counter("t:a:n"),
+    "counters": lambda s: s.counters("t:a:"),
+    "keys": lambda s: s.keys("t:a:"),
+    "append_log": lambda s: s.append_log("t:a:log", b"e", max_len=10, ttl=60),
+    "append_logs": lambda s: s.append_logs([("t:a:log", b"e")], max_len=10, ttl=60),
+    "read_log": lambda s: s.read_log("t:a:log"),
+    "acquire_lock": lambda s: s.acquire_lock("t:a:lock", lease=1),
+    "renew_lock": lambda s: s.renew_lock("t:a:lock", "token", lease=1),
+    "release_lock": lambda s: s.release_lock("t:a:lock", "token"),
+}
+# A failing backend answers within its timeouts (0.5 s by default, connect + one round trip
+# at worst); a call still running after this has hung, as it did with the old 5 s timeouts.
+FAILS_WITHIN_S = 1.5
+
+
+def test_every_store_method_is_in_the_failure_table() -> None:
+    methods = {n for n, v in vars(Store).items() if callable(v) and not n.startswith("_")}
+    assert methods - {"ping", "close"} == set(EVERY_CALL)
+
+
+@pytest.fixture(params=["refused", "never-answers"])
+def failing_redis(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of a Redis that refuses connections, or of one that accepts them and never replies."""
+    if request.param == "refused":
+        with socket.socket() as s:  # a port nobody listens on
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        yield f"redis://127.0.0.1:{port}/0"
+    else:
+        with SilentServer() as silent:
+            yield silent.url
+
+
+async def _fails_fast(call: Awaitable[Any]) -> float:
     started = time.monotonic()
     try:
-        with pytest.raises(StoreError):
-            await dead.get("t:a:k")
-        with pytest.raises(StoreError):
-            await dead.incr("t:a:n")
-        with pytest.raises(StoreError):
-            await dead.acquire_lock("t:a:lock", lease=1)
+        await asyncio.wait_for(call, FAILS_WITHIN_S * 4)
+    except StoreError:
+        return time.monotonic() - started
+    except TimeoutError:
+        pytest.fail(f"hung for {FAILS_WITHIN_S * 4:g}s instead of raising StoreError")
+    pytest.fail("answered although the backend cannot have")
+
+
+@pytest.mark.parametrize("op", list(EVERY_CALL))
+async def test_redis_that_refuses_or_never_answers_fails_every_call_fast(failing_redis: str, op: str) -> None:
+    dead = RedisStore(failing_redis, prefix=f"ctxproxy-test:{uuid.uuid4().hex}:")
+    try:
+        took = await _fails_fast(EVERY_CALL[op](dead))
+        assert took < FAILS_WITHIN_S, f"{op} took {took:.2f}s to fail"
+        started = time.monotonic()
         assert await dead.ping() is False
+        assert time.monotonic() - started < FAILS_WITHIN_S
     finally:
-        await dead.close()
-    assert time.monotonic() - started < 5
+        await asyncio.wait_for(dead.close(), FAILS_WITHIN_S)
+
+
+async def test_configured_timeout_bounds_a_redis_that_never_answers() -> None:
+    with SilentServer() as silent:
+        dead = open_store(silent.url, timeout=0.1)
+        try:
+            took = await _fails_fast(dead.get("t:a:k"))
+        finally:
+            await dead.close()
+    assert took < 0.5  # the default (0.5 s) would not fit
+
+
+async def test_sqlite_file_locked_by_another_process_fails_every_call_fast(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    # What another process holding the file open exclusively looks like.
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode = WAL")
+    holder.execute("PRAGMA locking_mode = EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("CREATE TABLE held (x)")
+    locked = SqliteStore(path)
+    try:
+        for op, call in EVERY_CALL.items():
+            took = await _fails_fast(call(locked))
+            assert took < FAILS_WITHIN_S, f"{op} took {took:.2f}s to fail"
+        assert await locked.ping() is False
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        await locked.close()
+
+
+async def test_sqlite_write_waiting_on_another_writer_fails_fast_and_reads_still_answer(tmp_path: Path) -> None:
+    path = tmp_path / "busy.db"
+    store = SqliteStore(path)
+    await store.put("t:a:k", b"v")
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another process in the middle of a long write
+    writer.execute("INSERT INTO counters VALUES ('t:other', 1)")
+    try:
+        for op in ("put", "put_counted", "incr", "append_logs", "acquire_lock"):
+            took = await _fails_fast(EVERY_CALL[op](store))
+            assert took < FAILS_WITHIN_S, f"{op} took {took:.2f}s to fail"
+        assert await store.get("t:a:k") == b"v"
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    await store.put("t:a:k", b"after")  # the lock gone, writes work again
+    assert await store.get("t:a:k") == b"after"
+    await store.close()
 
 
 async def test_unusable_sqlite_path_raises_store_error(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from proxy.config import Route
 from proxy.conversation import Conversation, Event, RequestContext
 from proxy.logs import event
 from proxy.store import StoreError
+from proxy.store.guarded import backing_off
 
 
 class Transform(Protocol):
@@ -55,8 +56,14 @@ def build_pipeline(route: Route) -> list[Transform]:
 
 
 async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: RequestContext) -> Conversation:
-    """Apply each transform; if the store fails, forward the client's request unmodified and say so."""
+    """Apply each transform; if the store fails, forward the client's request unmodified and say so.
+
+    While the store is known to be down (its breaker open) no transform runs at all: every
+    request then says so, not only those that happened to need the store.
+    """
     try:
+        if backing_off(ctx.store):
+            raise StoreError("store unavailable (backing off after a failure)")
         for transform in pipeline:
             conv = await transform.apply(conv, ctx)
     except StoreError as e:

@@ -29,6 +29,7 @@ from proxy.history import chain, head_end, identifiers, repair_pairing, tail_sta
 from proxy.logs import event
 from proxy.preview import read_call
 from proxy.readback import tool_name_for
+from proxy.store.lease import renewed
 from proxy.pipeline.cache_hints import cache_fields
 from proxy.pipeline.read_tool import has_placeholders, tools_as_sent
 from proxy.summarizer import (IN_PLACE_PROMPT, SECTIONS, CachedPrefix, SummarizerDeclined, SummarizerError,
@@ -39,6 +40,13 @@ PLACEHOLDER_MARK = "[ctxproxy:"  # text the proxy wrote; never cleared or offloa
 DEFAULT_FACTS = ("What is the task, with its constraints?", "Which files were read, created or changed, and how?",
                  "What has been verified to work, and what failed?", "What remains to be done, and what is next?")
 _LOCK_POLL = 0.1  # seconds between checks while another request of the session compacts
+# The session's compaction lock has a short lease, renewed while its holder works
+# (proxy/store/lease.py): a holder killed mid-summary frees it within this many seconds.
+LOCK_LEASE_S = 5.0
+# The longest a live holder compacts, so the longest a waiter waits for it: the cached-shape
+# summary call, then perhaps the transcript one, each up to summary_timeout, plus slack.
+_SUMMARY_CALLS_WAITED = 2
+_WAIT_SLACK_S = 10
 _SUMMARIZER_WINDOW_SHARE = 0.85  # of the window, for transcript + answer (the rest: prompt, framing, slack)
 _MIN_TRANSCRIPT_TOKENS = 500
 _MAX_TAIL_SHARE_OF_TARGET = 0.5  # the verbatim tail takes at most half of the target
@@ -123,17 +131,19 @@ class Compress:
     async def _compact_locked(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, raw: list,
                               digests: list, counts: list, view: View, fixed: int) -> View:
         s, model = self.settings, conv.body.get("model")
-        lease = s.summary_timeout * 2 + 10
-        token = await ctx.store.acquire_lock(log.lock_name, lease)
-        if token is None:  # another request of this session is compacting: use its result
-            deadline = time.monotonic() + lease
-            while time.monotonic() < deadline:
-                await asyncio.sleep(_LOCK_POLL)
-                fresh = await self._replayed(conv, log, raw, digests, counts)
-                if fresh.version > view.version:
-                    return fresh
-            return view
-        try:
+        token = await ctx.store.acquire_lock(log.lock_name, LOCK_LEASE_S)
+        # Another request of this session is compacting: wait for its result. A live holder renews
+        # its short lease; a dead one (killed mid-summary) stops, and its lock is ours a lease later.
+        deadline = time.monotonic() + s.summary_timeout * _SUMMARY_CALLS_WAITED + _WAIT_SLACK_S
+        while token is None:
+            if time.monotonic() >= deadline:
+                return view
+            await asyncio.sleep(_LOCK_POLL)
+            fresh = await self._replayed(conv, log, raw, digests, counts)
+            if fresh.version > view.version:
+                return fresh
+            token = await ctx.store.acquire_lock(log.lock_name, LOCK_LEASE_S)
+        async with renewed(ctx.store, log.lock_name, token, LOCK_LEASE_S):
             view = await self._replayed(conv, log, raw, digests, counts)
             before = sum(view.counts) + fixed
             if before <= s.trigger * ctx.window:
@@ -152,8 +162,6 @@ class Compress:
             event("compacted", request_id=ctx.request_id, session=ctx.session, layer=layer, tokens_before=before,
                   tokens_after=after, version=new.version)
             return new
-        finally:
-            await ctx.store.release_lock(log.lock_name, token)
 
     async def _layers(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, view: View,
                       fixed: int) -> tuple[View, str, dict[str, Any]] | None:
@@ -165,7 +173,7 @@ class Compress:
         t = tail_start(msgs, counts, keep, max(h, view.kept))
         if t <= h or t < view.kept:
             return None
-        archive = Archive(ctx.store, ctx.tenant, s.retention_days)
+        archive = Archive(ctx.store, ctx.tenant, s.retention_days, ctx.archive_quota)
         tool = conv.read_tool.name if conv.read_tool else tool_name_for(conv.body.get("tools") or [])
         with_tail = lambda head, counts_head: View(head + msgs[t:], counts_head + counts[t:], len(head),  # noqa: E731
                                                    view.raw_index(t), view.version)

@@ -175,7 +175,7 @@ class Offload:
         s = self.settings
         tools = conv.body.get("tools")
         read_name = tool_name_for(tools or [])
-        archive = Archive(ctx.store, ctx.tenant, s.retention_days)
+        archive = Archive(ctx.store, ctx.tenant, s.retention_days, ctx.archive_quota)
         found = self._candidates(conv)
         decisions = await self._decisions(archive, ctx.tenant, list(map(operator.itemgetter(1), found)))
         messages = list(conv.messages)

@@ -16,8 +16,11 @@ ACCEPTED_FORMS = (
 )
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, timeout: float | None = None) -> Store:
     """The store a URL names. Nothing connects until the first operation.
+
+    ``timeout`` (seconds) bounds each backend round trip: Redis connect and socket
+    timeouts, SQLite's wait for a lock held by another process. None: the backend's default.
 
     Raises ``ValueError`` for an unsupported or malformed URL; the message names the
     scheme, never the whole URL (a Redis URL may carry a password).
@@ -28,8 +31,8 @@ def open_store(url: str) -> Store:
         path = url[len(SQLITE_URL_HEAD) :] if url[: len(SQLITE_URL_HEAD)].lower() == SQLITE_URL_HEAD else ""
         if not path:
             raise ValueError(f"sqlite store URL needs a path after 'sqlite:///'; accepted: {ACCEPTED_FORMS}")
-        return SqliteStore(path)
+        return SqliteStore(path) if timeout is None else SqliteStore(path, busy_timeout=timeout)
     if scheme in REDIS_SCHEMES:
-        return RedisStore(url)
+        return RedisStore(url) if timeout is None else RedisStore(url, connect_timeout=timeout, socket_timeout=timeout)
     shown = repr(scheme) if scheme else "(none)"
     raise ValueError(f"unsupported store URL scheme {shown}; accepted: {ACCEPTED_FORMS}")

@@ -10,6 +10,9 @@ import orjson
 
 # Random bytes in a lock token: enough that two holders never collide.
 LOCK_TOKEN_BYTES = 16
+# Most blobs one counted put evicts: a quota lowered far below what a group holds is
+# reached over several puts rather than by one call that blocks the backend.
+MAX_EVICTIONS_PER_PUT = 1000
 # Millisecond floor for a TTL; Redis rejects PX 0, so tiny TTLs round up to this.
 MIN_TTL_MS = 1
 MS_PER_S = 1000
@@ -30,8 +33,9 @@ class Store(Protocol):
 
     Keys are plain strings that callers namespace themselves (``t:{tenant}:blob:{h}``).
     ``ttl`` is seconds (float) or ``None`` for no expiry; an expired entry reads as
-    absent. Blobs and JSON records share one keyspace; counters, logs and locks each
-    have their own, so a counter and a blob under the same key are independent.
+    absent. Blobs and JSON records share one keyspace; counters, logs, locks and the
+    byte counts of counted groups each have their own, so a counter and a blob under
+    the same key are independent.
     Every conditional write (``*_if_absent``, ``incr``, locks) is atomic across all
     store instances on the same backend, including ones in other processes.
     """
@@ -56,6 +60,22 @@ class Store(Protocol):
 
     async def delete(self, key: str) -> None:
         """Forget ``key``: its blob/record, counter and log (not locks)."""
+        ...
+
+    async def put_counted(self, key: str, value: bytes, group: str, quota: int, ttl: float | None = None) -> int:
+        """Store a blob counted against ``group``'s byte budget; return how many blobs that evicted.
+
+        While the group's counted blobs hold more than ``quota`` bytes, its least recently
+        stored ones are deleted first (never the one just stored: a single blob larger than
+        the whole quota stays until the next counted put). Storing a key again replaces its
+        size and makes it the newest. Atomic against every other counted put of the group,
+        on every store instance of the backend. A counted blob reads like any other (``get``);
+        ``delete`` does not uncount it (its bytes are reclaimed when it would be evicted).
+        """
+        ...
+
+    async def counted_bytes(self, group: str) -> int:
+        """Bytes the group's counted blobs hold, as eviction sees them."""
         ...
 
     async def incr(self, key: str, amount: int | float = 1) -> int | float:
@@ -163,6 +183,12 @@ def check_max_len(max_len: int | None) -> int | None:
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
         raise ValueError(f"max_len must be a positive int or None, got {max_len!r}")
     return max_len
+
+
+def check_quota(quota: int) -> int:
+    if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
+        raise ValueError(f"quota must be a positive int of bytes, got {quota!r}")
+    return quota
 
 
 def check_amount(amount: int | float) -> int | float:

@@ -8,19 +8,22 @@ from contextlib import contextmanager
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError, RedisError, ResponseError
 
 from .base import (
-    SharedOpsMixin, StoreError, as_number, check_amount, check_max_len, check_ttl, incr_result, new_lock_token,
-    ttl_ms,
+    MAX_EVICTIONS_PER_PUT, SharedOpsMixin, StoreError, as_number, check_amount, check_max_len, check_quota, check_ttl,
+    incr_result, new_lock_token, ttl_ms,
 )
 
 DEFAULT_PREFIX = "ctxproxy:"
-# An unreachable Redis must fail fast so callers degrade instead of stalling requests.
-CONNECT_TIMEOUT_S = 2.0
+# An unreachable or silent Redis must fail fast so callers degrade instead of stalling
+# requests (a healthy one answers in well under a millisecond); open_store passes the
+# configured store_timeout for both.
+CONNECT_TIMEOUT_S = 0.5
 # Upper bound on one command's round trip once connected.
-SOCKET_TIMEOUT_S = 5.0
-# One quick retry on a dropped connection (e.g. a pooled socket the server closed).
+SOCKET_TIMEOUT_S = 0.5
+# One quick retry on a dropped connection (e.g. a pooled socket the server closed), never
+# on a timeout: a server that did not answer once will not answer sooner when asked again.
 RETRIES = 1
 RETRY_BACKOFF_BASE_S = 0.01
 RETRY_BACKOFF_CAP_S = 0.1
@@ -32,6 +35,9 @@ GLOB_SPECIALS = "\\*?[]"
 # Sub-namespaces under the prefix, one per kind of value, mirroring the SQLite tables
 # so keys()/counters() only see their own kind and delete() can reach all three.
 _BLOB, _COUNTER, _LOG, _LOCK = "b:", "c:", "l:", "lock:"
+# A counted group's bookkeeping: members by store order (sorted set), their sizes (hash),
+# and {bytes, seq} (hash). Members are the callers' keys; their blobs live under _BLOB.
+_COUNTED = "q:"
 
 # Renew/release only if the caller still holds the lock (its token is the stored value).
 _RENEW_LUA = """
@@ -39,6 +45,40 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
+"""
+# A counted put, atomic: store the blob, make it the group's newest, add its size, then delete
+# the group's oldest blobs while it holds more than the quota (never the one just stored).
+# The bookkeeping lives as long as the longest-lived blob stored into it.
+_PUT_COUNTED_LUA = """
+local blob, order, sizes, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local value, ttl, quota, member, blob_head, max_evict = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5],
+    tonumber(ARGV[6])
+local existed = redis.call('EXISTS', order) == 1
+local size = string.len(value)
+local old = tonumber(redis.call('HGET', sizes, member) or '0')
+if ttl == '' then redis.call('SET', blob, value) else redis.call('SET', blob, value, 'PX', ttl) end
+redis.call('ZADD', order, redis.call('HINCRBY', meta, 'seq', 1), member)
+redis.call('HSET', sizes, member, size)
+local used = redis.call('HINCRBY', meta, 'bytes', size - old)
+local evicted = 0
+while used > quota and evicted < max_evict do
+    local oldest = redis.call('ZRANGE', order, 0, 0)[1]
+    if (not oldest) or oldest == member then break end
+    used = redis.call('HINCRBY', meta, 'bytes', -tonumber(redis.call('HGET', sizes, oldest) or '0'))
+    redis.call('DEL', blob_head .. oldest)
+    redis.call('ZREM', order, oldest)
+    redis.call('HDEL', sizes, oldest)
+    evicted = evicted + 1
+end
+if ttl == '' then
+    for i = 2, 4 do redis.call('PERSIST', KEYS[i]) end
+else
+    local left = redis.call('PTTL', order)
+    if not (existed and left == -1) and left < tonumber(ttl) then
+        for i = 2, 4 do redis.call('PEXPIRE', KEYS[i], ttl) end
+    end
+end
+return evicted
 """
 _RELEASE_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -55,8 +95,9 @@ class RedisStore(SharedOpsMixin):
     token-checked lock scripts), so it is atomic across every client and replica:
     a decision recorded once is replayed identically everywhere. TTLs are native
     Redis expiry. Everything lives under ``prefix`` (default ``ctxproxy:``) so the
-    proxy can share a database with other users. Backend failures surface as
-    ``StoreError`` within about ``CONNECT_TIMEOUT_S`` rather than hanging a request.
+    proxy can share a database with other users. Backend failures, a server that
+    accepts connections but never answers included, surface as ``StoreError`` within
+    about the connect + socket timeouts rather than hanging a request.
     """
 
     def __init__(
@@ -73,12 +114,14 @@ class RedisStore(SharedOpsMixin):
             decode_responses=False,
             socket_connect_timeout=connect_timeout,
             socket_timeout=socket_timeout,
-            retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP_S, base=RETRY_BACKOFF_BASE_S), RETRIES),
+            retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP_S, base=RETRY_BACKOFF_BASE_S), RETRIES,
+                        supported_errors=(RedisConnectionError,)),
         )
         if self._client.connection_pool.connection_kwargs.get("decode_responses"):
             raise ValueError("redis store URL must not set decode_responses; the store works in bytes")
         self._renew = self._client.register_script(_RENEW_LUA)
         self._release = self._client.register_script(_RELEASE_LUA)
+        self._put_counted = self._client.register_script(_PUT_COUNTED_LUA)
 
     def _k(self, kind: str, key: str) -> bytes:
         return f"{self.prefix}{kind}{key}".encode()
@@ -129,6 +172,20 @@ class RedisStore(SharedOpsMixin):
     async def delete(self, key: str) -> None:
         with self._errors("delete"):
             await self._client.delete(self._k(_BLOB, key), self._k(_COUNTER, key), self._k(_LOG, key))
+
+    async def put_counted(self, key: str, value: bytes, group: str, quota: int, ttl: float | None = None) -> int:
+        ttl, quota = check_ttl(ttl), check_quota(quota)
+        head = self._k(_COUNTED, group)
+        with self._errors("put_counted"):
+            return int(await self._put_counted(
+                keys=[self._k(_BLOB, key), head + b":order", head + b":sizes", head + b":meta"],
+                args=[value, b"" if ttl is None else ttl_ms(ttl), quota, key.encode(), self._k(_BLOB, ""),
+                      MAX_EVICTIONS_PER_PUT]))
+
+    async def counted_bytes(self, group: str) -> int:
+        with self._errors("counted_bytes"):
+            raw = await self._client.hget(self._k(_COUNTED, group) + b":meta", b"bytes")
+        return 0 if raw is None else int(raw)
 
     async def keys(self, prefix: str) -> list[str]:
         with self._errors("keys"):

@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .base import (
-    SharedOpsMixin, StoreError, as_number, check_amount, check_max_len, check_ttl, incr_result, new_lock_token,
+    MAX_EVICTIONS_PER_PUT, SharedOpsMixin, StoreError, as_number, check_amount, check_max_len, check_quota, check_ttl,
+    incr_result, new_lock_token,
 )
 
-# How long a write waits for another process's lock on the same file before failing.
-BUSY_TIMEOUT_MS = 5_000
+# How long a call waits for another process's lock on the same file before failing (seconds);
+# open_store passes the configured store_timeout. A locked file must not stall requests:
+# the worker thread gives up by itself, so no call queued behind it waits much longer.
+BUSY_TIMEOUT_S = 0.5
 # Minimum seconds between opportunistic purges of expired rows during writes.
 PURGE_INTERVAL_S = 60.0
 # Keys bound per "SELECT ... IN (...)"; well under SQLite's host-parameter limit.
@@ -39,6 +42,11 @@ CREATE TABLE IF NOT EXISTS log_items (
     key TEXT NOT NULL, seq INTEGER NOT NULL, value BLOB NOT NULL, PRIMARY KEY (key, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS locks (name TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS counted (
+    seq INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, grp TEXT NOT NULL, size INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS counted_order ON counted (grp, seq);
+CREATE TABLE IF NOT EXISTS counted_bytes (grp TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
 """
 _LIVE = "(expires_at IS NULL OR expires_at > :now)"
 # ":now + :ttl" is NULL (never expires) when ttl is None.
@@ -46,7 +54,12 @@ _UPSERT_BLOB = (
     "INSERT INTO blobs (key, value, expires_at) VALUES (:key, :value, :now + :ttl)"
     " ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at"
 )
+# Counted blobs that expired give their bytes back before the blobs themselves go.
+_EXPIRED_COUNTED = (
+    "SELECT c.grp, SUM(c.size) FROM blobs b JOIN counted c ON c.key = b.key WHERE b.expires_at <= :now GROUP BY c.grp"
+)
 _PURGE = (
+    "DELETE FROM counted WHERE key IN (SELECT key FROM blobs WHERE expires_at <= :now)",
     "DELETE FROM blobs WHERE expires_at <= :now",
     "DELETE FROM locks WHERE expires_at <= :now",
     "DELETE FROM log_items WHERE key IN (SELECT key FROM log_meta WHERE expires_at <= :now)",
@@ -65,13 +78,15 @@ class SqliteStore(SharedOpsMixin):
     All access runs on one dedicated worker thread, so the event loop never blocks on
     disk and this instance's operations are serialized. Conditional writes are single
     upsert statements or BEGIN IMMEDIATE transactions, so they stay atomic against
-    other processes on the same file (which wait up to ``BUSY_TIMEOUT_MS``).
+    other processes on the same file (which wait up to ``busy_timeout`` seconds, then
+    fail with ``StoreError``: a locked file degrades requests, it does not stall them).
     Expiry uses wall-clock time, so TTLs survive restarts. Counters are REAL: exact
     for integers up to 2**53.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, busy_timeout: float = BUSY_TIMEOUT_S) -> None:
         self.path = str(path)
+        self.busy_timeout = busy_timeout
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxproxy-sqlite")
         self._conn: sqlite3.Connection | None = None  # created and used only on the worker thread
         self._next_purge = 0.0
@@ -109,11 +124,11 @@ class SqliteStore(SharedOpsMixin):
             return self._conn
         if self.path != MEMORY_PATH:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+        deadline = time.monotonic() + self.busy_timeout
         while True:
             try:
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                conn.execute(f"PRAGMA busy_timeout = {round(self.busy_timeout * 1000)}")
                 # Switching a fresh file to WAL fails at once (no busy wait) if another
                 # process is opening it too; every setup step is idempotent, so retry.
                 conn.execute("PRAGMA journal_mode = WAL")
@@ -132,6 +147,8 @@ class SqliteStore(SharedOpsMixin):
 
     def _purge(self, conn: sqlite3.Connection, now: float) -> None:
         with _transaction(conn, "BEGIN IMMEDIATE"):
+            for grp, freed in conn.execute(_EXPIRED_COUNTED, {"now": now}).fetchall():
+                conn.execute("UPDATE counted_bytes SET bytes = bytes - ? WHERE grp = ?", (freed, grp))
             for sql in _PURGE:
                 conn.execute(sql, {"now": now})
         self._next_purge = now + PURGE_INTERVAL_S
@@ -180,6 +197,42 @@ class SqliteStore(SharedOpsMixin):
                     conn.execute(f"DELETE FROM {table} WHERE key = :key", p)
 
         await self._run("delete", forget, key=key)
+
+    async def put_counted(self, key: str, value: bytes, group: str, quota: int, ttl: float | None = None) -> int:
+        ttl, quota = check_ttl(ttl), check_quota(quota)
+
+        def write(conn: sqlite3.Connection, p: Params) -> int:
+            self._maybe_purge(conn, p["now"])
+            with _transaction(conn, "BEGIN IMMEDIATE"):  # one writer at a time on the file: atomic across processes
+                old = conn.execute("SELECT grp, size FROM counted WHERE key = ?", (key,)).fetchone()
+                if old is not None:
+                    conn.execute("DELETE FROM counted WHERE key = ?", (key,))
+                    conn.execute("UPDATE counted_bytes SET bytes = bytes - ? WHERE grp = ?", (old[1], old[0]))
+                conn.execute(_UPSERT_BLOB, {"key": key, "value": bytes(value), "now": p["now"], "ttl": ttl})
+                conn.execute("INSERT INTO counted (key, grp, size) VALUES (?, ?, ?)", (key, group, len(value)))
+                (used,) = conn.execute(
+                    "INSERT INTO counted_bytes (grp, bytes) VALUES (?, ?) ON CONFLICT (grp)"
+                    " DO UPDATE SET bytes = bytes + excluded.bytes RETURNING bytes", (group, len(value))).fetchone()
+                evicted = 0
+                oldest = conn.execute(
+                    "SELECT seq, key, size FROM counted WHERE grp = ? AND key != ? ORDER BY seq LIMIT ?",
+                    (group, key, MAX_EVICTIONS_PER_PUT)) if used > quota else ()
+                for seq, doomed, size in list(oldest):
+                    if used <= quota:
+                        break
+                    conn.execute("DELETE FROM blobs WHERE key = ?", (doomed,))
+                    conn.execute("DELETE FROM counted WHERE seq = ?", (seq,))
+                    used -= size
+                    evicted += 1
+                if evicted:
+                    conn.execute("UPDATE counted_bytes SET bytes = ? WHERE grp = ?", (used, group))
+                return evicted
+
+        return await self._run("put_counted", write)
+
+    async def counted_bytes(self, group: str) -> int:
+        rows = await self._rows("counted_bytes", "SELECT bytes FROM counted_bytes WHERE grp = :grp", grp=group)
+        return int(rows[0][0]) if rows else 0
 
     async def keys(self, prefix: str) -> list[str]:
         where, bounds = _prefix_clause(prefix)
