@@ -398,7 +398,8 @@ def test_cached_shape_carries_the_agents_cache_key(upstream, tmp_path):
 def test_cached_shape_refused_for_length_falls_back_to_the_transcript(upstream, tmp_path):
     """The provider's window is smaller than the proxy believes: the cached shape (prefix + a large answer
     budget) is refused with a 400, and the transcript shape, much smaller, still summarizes."""
-    settings_obj = big_settings(upstream, f"sqlite:///{tmp_path}/c.db", summary_max_tokens=3500)
+    # no precompute: at 0.7 of the window the prefix is small enough for the cached shape after all
+    settings_obj = big_settings(upstream, f"sqlite:///{tmp_path}/c.db", summary_max_tokens=3500, precompute=None)
     upstream.windows[MODEL] = 18_500  # agent requests (<= 0.85 x 20,000) fit; prefix + 3,500 does not
     with ProxyServer(settings_obj) as p:
         rs = replay(p, upstream, 60)

@@ -31,6 +31,7 @@ from proxy.preview import read_call
 from proxy.readback import tool_name_for
 from proxy.store.lease import renewed
 from proxy.pipeline.cache_hints import cache_fields
+from proxy.pipeline.precompute import Precomputer
 from proxy.pipeline.read_tool import has_placeholders, tools_as_sent
 from proxy.summarizer import (IN_PLACE_PROMPT, SECTIONS, CachedPrefix, SummarizerDeclined, SummarizerError,
                               SummarizerTarget, SummaryRejected, render, summarize, summarize_cached, summary_problem)
@@ -78,6 +79,9 @@ class CompressSettings(BaseModel):
     identifiers_cap: int = Field(default=400, ge=0)  # identifiers listed verbatim under a summary
     identifiers_max_share: float = Field(default=0.08, ge=0, lt=1)  # ... costing at most this share of the window
     breaker_cooldown: float = Field(default=300, gt=0)  # seconds without summarizer calls after a failure
+    # past this share of the window the next compaction's summary is written in the background, so the
+    # request crossing `trigger` does not wait for it; null: never
+    precompute: float | None = Field(default=0.7, gt=0, lt=1)
     retention_days: float = Field(default=7, gt=0)  # how long archived history stays readable
 
 
@@ -100,6 +104,13 @@ class Compress:
     def __init__(self, settings: CompressSettings) -> None:
         self.settings = settings
         self._prefixes: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self.lock_lease = LOCK_LEASE_S
+        self.precomputer = Precomputer(self)
+
+    def tail_budget(self, window: int) -> int:
+        """Tokens of newest messages kept verbatim: room must stay under the target, or it can't be reached."""
+        s = self.settings
+        return min(s.keep_recent_tokens, int(window * s.target * _MAX_TAIL_SHARE_OF_TARGET))
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         s, model = self.settings, conv.body.get("model")
@@ -107,14 +118,17 @@ class Compress:
         digests, counts = conv.digests(raw), conv.counts(raw)
         fixed = default_counter.count_tools(conv.body.get("tools"), model) + REPLY_PRIMING_TOKENS \
             + reserve_tokens(conv.body)
+        log = CompactionLog(ctx.store, ctx.tenant, ctx.session, s.retention_days * SECONDS_PER_DAY)
         if sum(counts) + fixed <= s.trigger * ctx.window:
             # A session's history only grows, and a compaction needs it over the trigger: a request
             # under it has no record to replay, so the store is not even asked.
+            await self.precomputer.maybe_start(conv, ctx, log, View(raw, counts, 0, 0, 0), fixed)
             return conv
-        log = CompactionLog(ctx.store, ctx.tenant, ctx.session, s.retention_days * SECONDS_PER_DAY)
         view = await self._replayed(conv, log, raw, digests, counts)
         if sum(view.counts) + fixed > s.trigger * ctx.window:
             view = await self._compact_locked(conv, ctx, log, raw, digests, counts, view, fixed)
+        else:
+            await self.precomputer.maybe_start(conv, ctx, log, view, fixed)
         if view.kept:
             conv.set_messages(repair_pairing(view.messages))
             conv.notes["compaction_kept"] = view.kept
@@ -169,8 +183,7 @@ class Compress:
         msgs, counts = view.messages, view.counts
         h = head_end(msgs)
         # The kept tail must leave room under the target, or a compaction cannot get there.
-        keep = min(s.keep_recent_tokens, int(ctx.window * s.target * _MAX_TAIL_SHARE_OF_TARGET))
-        t = tail_start(msgs, counts, keep, max(h, view.kept))
+        t = tail_start(msgs, counts, self.tail_budget(ctx.window), max(h, view.kept))
         if t <= h or t < view.kept:
             return None
         archive = Archive(ctx.store, ctx.tenant, s.retention_days, ctx.archive_quota)
@@ -187,9 +200,16 @@ class Compress:
         # Every result must leave room to grow, or the next request compacts (and breaks the cache) again.
         room = room_after(s, ctx.window)
         why: dict[str, Any] = {}
+        if s.summary and s.precompute and (ready := await self.precomputer.ready(conv, ctx, log, view)):
+            layer2 = View(msgs[:h] + [ready.message] + msgs[ready.upto:],
+                          counts[:h] + default_counter.message_counts([ready.message], model) + counts[ready.upto:],
+                          h + 1, view.raw_index(ready.upto), view.version)
+            if sum(layer2.counts) + fixed <= room:
+                return layer2, "summary", {"summarized": ready.upto - h, "summary_calls": ready.usage,
+                                           "precomputed": True}
         if s.summary and not await ctx.store.get(log.breaker):
             try:
-                summary, usage = await self._summary(conv, ctx, archive, h, t, view, tool)
+                summary, usage, _ = await self.summary_for(conv, ctx, archive, h, t, view, tool)
                 head = msgs[:h] + [summary]
                 layer2 = with_tail(head, counts[:h] + default_counter.message_counts([summary], model))
                 if sum(layer2.counts) + fixed <= room:
@@ -247,16 +267,19 @@ class Compress:
             n += 1
         return out, out_counts, n
 
-    async def _summary(self, conv: Conversation, ctx: RequestContext, archive: Archive, h: int, t: int, view: View,
-                       tool: str) -> tuple[dict[str, Any], list]:
-        """The summary message for a span: reused verbatim if this span was summarized before."""
+    async def summary_for(self, conv: Conversation, ctx: RequestContext, archive: Archive, h: int, t: int,
+                          view: View, tool: str) -> tuple[dict[str, Any], list, str]:
+        """The summary message for view.messages[h:t], the usage of its calls and its handle.
+
+        Reused verbatim if this span was summarized before (by a precompute too).
+        """
         s, model = self.settings, conv.body.get("model")
         span = view.messages[h:t]
         full = render(span)
         handle = content_handle("span", full)
         (known,) = await archive.decisions("summary", [handle])
         if known is not None:
-            return known, []
+            return known, [], handle
         budget, answer_tokens = s.summary_input_tokens, summary_tokens(s, ctx.window)
         if s.summary_model in (None, model):  # the summarizer shares the agent's window: leave room to answer
             budget = min(budget, int(ctx.window * _SUMMARIZER_WINDOW_SHARE) - answer_tokens)
@@ -287,4 +310,4 @@ class Compress:
             f"<context_summary>\n{PLACEHOLDER_MARK} {len(span)} earlier messages ({tokens:,} tokens) were compacted "
             f"into this summary; the full transcript: {read_call(tool, handle)}]\n\n{text}\n{listing}\n"
             f"</context_summary>")}
-        return await archive.record("summary", handle, message), usage
+        return await archive.record("summary", handle, message), usage, handle
