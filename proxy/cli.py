@@ -209,7 +209,8 @@ def _stats(args: argparse.Namespace) -> None:
         if args.session:
             from urllib.parse import quote
 
-            data = _fetch(client, url, "/ctx/v1/sessions/" + quote(args.session, safe=""), authed)
+            # `/` encoded too (an id may hold it), and `.`: an id `.` or `..` is never a dot segment
+            data = _fetch(client, url, "/ctx/v1/sessions/" + quote(args.session, safe="").replace(".", "%2E"), authed)
             text = _session_lines(data) if not args.json else None
         else:
             stats = _fetch(client, url, "/ctx/v1/stats", authed)

@@ -71,7 +71,11 @@ async def list_sessions(request: Request) -> Response:
 
 
 async def get_session(request: Request) -> Response:
+    """One session's summary and timeline. The id is the rest of the path (X-Session-Id may hold `/`),
+    percent-decoded: `ctxproxy stats --session` and the dashboard send it encoded."""
     wanted = request.path_params["session"]
+    if not wanted:  # /ctx/v1/sessions/
+        return await list_sessions(request)
     try:
         match = [(t, s) for t, s in await _sessions(request) if s == wanted]
         if not match:
