@@ -6,6 +6,7 @@ only its own.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import orjson
@@ -90,7 +91,9 @@ async def get_session(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    """Rendered in a worker thread: a large scrape never holds up the requests being proxied."""
+    text = await asyncio.to_thread(state_of(request).metrics.render)
+    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 async def dashboard(request: Request) -> Response:
