@@ -10,6 +10,7 @@ from typing import Any
 
 from proxy.config import Settings, load_settings
 from proxy.errors import ConfigError
+from proxy.redact import redact
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,24 +54,30 @@ def _serve(settings: Settings) -> None:
 
     from proxy.app import create_app
     from proxy.encodings import TokenizerUnavailable, ensure_encodings
-    from proxy.logs import setup_logging
+    from proxy.logs import event, setup_logging
+    from proxy.server import uvicorn_options
 
     setup_logging(settings.logging.level)
     try:
         ensure_encodings()
     except TokenizerUnavailable as e:
         raise SystemExit(f"ctxproxy: {e}") from None
-    uvicorn.run(create_app(settings), host=settings.server.host, port=settings.server.port,
-                loop="uvloop", http="httptools", access_log=False, log_config=None,
-                timeout_graceful_shutdown=30, server_header=False, date_header=False)
+    server = settings.server
+    event("ctxproxy starting", listen=f"http://{server.host}:{server.port}", store=redact(settings.store),
+          routes={r.name: redact(r.upstream.base_url) for r in settings.routes},
+          header_timeout=server.header_timeout, body_timeout=server.body_timeout,
+          keep_alive_timeout=server.keep_alive_timeout, max_connections=server.max_connections)
+    uvicorn.run(create_app(settings), host=server.host, port=server.port, loop="uvloop", access_log=False,
+                log_config=None, timeout_graceful_shutdown=30, server_header=False, date_header=False,
+                **uvicorn_options(server))
 
 
 def _check(settings: Settings) -> None:
-    print(f"store: {settings.store.split('@')[-1]}")
+    print(f"store: {redact(settings.store)}")
     for r in settings.routes:
         glob = r.match.model or "-"
         key = f"key from ${r.upstream.api_key_env}" if r.upstream.api_key_env else "client's key"
-        print(f"route {r.name}: model {glob} -> {r.upstream.base_url} ({key})")
+        print(f"route {r.name}: model {glob} -> {redact(r.upstream.base_url)} ({key})")
 
 
 # --------------------------------------------------------------------------- stats
@@ -237,10 +244,11 @@ def main(argv: list[str] | None = None) -> None:
         try:
             _stats(args)
         except _Failure as e:
-            print(f"ctxproxy: {e}", file=sys.stderr)
+            print(redact(f"ctxproxy: {e}"), file=sys.stderr)
             raise SystemExit(1) from None
         except (KeyError, TypeError, AttributeError, IndexError) as e:
-            print(f"ctxproxy: unexpected answer from the proxy at {args.url} ({type(e).__name__}: {e})", file=sys.stderr)
+            print(redact(f"ctxproxy: unexpected answer from the proxy at {args.url} ({type(e).__name__}: {e})"),
+                  file=sys.stderr)
             raise SystemExit(1) from None
         except KeyboardInterrupt:
             raise SystemExit(130) from None
@@ -251,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = _settings(args)
     except ConfigError as e:
-        print(f"ctxproxy: invalid configuration: {e}", file=sys.stderr)
+        print(redact(f"ctxproxy: invalid configuration: {e}"), file=sys.stderr)
         raise SystemExit(2) from None
     if args.command == "serve":
         _serve(settings)
