@@ -12,9 +12,9 @@ of a body its handler never read. GuardedProtocol adds, per connection:
   (with a 408 if the client had started a request);
 - header size: more than `max_header_bytes` received before the headers end
   is answered 431 and the connection closed (llhttp itself has no limit);
-- connection limit: past `max_connections` open connections (or as many
-  requests in flight) a request is answered 503, OpenAI-shaped, with
-  `connection: close`, instead of joining the queue.
+- connection limit: a connection opened while `max_connections` others are
+  open (or a request arriving while as many are in flight) is answered 503,
+  OpenAI-shaped, with `connection: close`, instead of joining the queue.
 
 The body's own deadline (`body_timeout`) is kept where the body is read
 (proxy/responses.py read_body → 408), so the handler logs and counts it.
@@ -55,6 +55,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._header_bytes: int | None = None  # bytes received since a request began, until its headers end
         self._began = False  # the client has sent part of a request whose headers are not complete
+        self._admitted = True  # within max_connections when it was opened
 
     # -- deadline ------------------------------------------------------------------------------------------
     def _arm(self, seconds: float) -> None:
@@ -78,6 +79,10 @@ class GuardedProtocol(HttpToolsProtocol):
     # -- uvicorn's hooks -----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # Admitted on arrival, first come first served: a burst of accepts beyond the limit is refused,
+        # not every connection of it (as counting open connections at each request would do).
+        limit = self.max_connections
+        self._admitted = limit is None or len(self.connections) <= limit
         self._header_bytes = 0
         self._arm(self.header_timeout)
 
@@ -110,7 +115,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._header_bytes = None
         self._began = False
         limit = self.max_connections
-        if limit is not None and (len(self.connections) > limit or len(self.tasks) >= limit):
+        if not self._admitted or (limit is not None and len(self.tasks) >= limit):
             self._note_refusal()
             app, self.app = self.app, _over_limit
             try:
