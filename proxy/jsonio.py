@@ -25,6 +25,7 @@ import orjson
 
 # Integers orjson parses exactly: signed 64-bit and unsigned 64-bit.
 _INT_MIN, _UINT_MAX = -(2**63), 2**64 - 1
+_MAX_INT_CHARS = 21  # longer text ("-" and 20 digits, or 21 digits) is beyond both, no need to convert
 # Digits as "0", "-" kept, everything else a space: a run of 19 digits is the
 # shortest text of an integer orjson turns into a float (-9223372036854775809).
 _DIGIT_CLASS = bytes(0x30 if 0x30 <= b <= 0x39 else b if b == 0x2D else 0x20 for b in range(256))
@@ -57,7 +58,8 @@ def may_hold_big_ints(raw: bytes) -> bool:
         found = _RUN_END.search(scan, at + len(_RUN))
         end = found.start() if found else len(scan)
         start = at - 1 if at and scan[at - 1] == 0x2D else at
-        if _is_number_position(raw, start, end) and (end - start > 21 or not _INT_MIN <= int(raw[start:end]) <= _UINT_MAX):
+        if _is_number_position(raw, start, end) and (end - start > _MAX_INT_CHARS
+                                                      or not _INT_MIN <= int(raw[start:end]) <= _UINT_MAX):
             return True
         at = scan.find(_RUN, end)
     return False

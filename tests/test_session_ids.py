@@ -38,7 +38,8 @@ def recorded(p: ProxyServer, path: str) -> httpx.Response:
 @pytest.mark.parametrize("session", ["team/run-1", "a/b/../c", "..", "50%/done?x=1#frag"])
 def test_a_session_id_with_slashes_reads_back(proxy, upstream, session):
     session = session.replace("run-1", f"run-{uuid.uuid4().hex[:6]}")
-    r = httpx.post(proxy.url + "/v1/chat/completions", headers={"authorization": "Bearer sk-ids", "x-session-id": session},
+    r = httpx.post(proxy.url + "/v1/chat/completions",
+                   headers={"authorization": "Bearer sk-ids", "x-session-id": session},
                    json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200 and r.headers["x-ctxproxy-session"] == session
     got = recorded(proxy, "/ctx/v1/sessions/" + quote(session, safe="").replace(".", "%2E"))
