@@ -36,10 +36,11 @@ from proxy.logs import event
 _LIMIT_LOG_EVERY = 10.0  # seconds between two "connection limit reached" log lines
 
 
-def _response(status: int, reason: str, message: str, code: str, extra: bytes = b"") -> bytes:
-    body = error_body(message, "invalid_request_error" if status < 500 else "proxy_error", code)
+def _response(status: int, reason: str, message: str, code: str) -> bytes:
+    """A whole OpenAI-shaped error response, written by the protocol itself (no request reached the app)."""
+    body = error_body(message, "invalid_request_error", code)
     return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n%s\r\n%s" % (status, reason.encode(), len(body), extra, body))
+            b"connection: close\r\n\r\n%s" % (status, reason.encode(), len(body), body))
 
 
 class GuardedProtocol(HttpToolsProtocol):
@@ -47,8 +48,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     header_timeout: ClassVar[float]
     max_header_bytes: ClassVar[int]
-    max_connections: ClassVar[int | None]
-    _limit_logged: ClassVar[list[float]] = [0.0, 0]  # [last log time, refusals since]; one event loop
+    max_connections: ClassVar[int]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -81,8 +81,7 @@ class GuardedProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         # Admitted on arrival, first come first served: a burst of accepts beyond the limit is refused,
         # not every connection of it (as counting open connections at each request would do).
-        limit = self.max_connections
-        self._admitted = limit is None or len(self.connections) <= limit
+        self._admitted = len(self.connections) <= self.max_connections
         self._header_bytes = 0
         self._arm(self.header_timeout)
 
@@ -114,9 +113,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self._disarm()
         self._header_bytes = None
         self._began = False
-        limit = self.max_connections
-        if not self._admitted or (limit is not None and len(self.tasks) >= limit):
-            self._note_refusal()
+        if not self._admitted or len(self.tasks) >= self.max_connections:
+            _refusals.note(len(self.connections), len(self.tasks), self.max_connections)
             app, self.app = self.app, _over_limit
             try:
                 super().on_headers_complete()
@@ -132,14 +130,24 @@ class GuardedProtocol(HttpToolsProtocol):
             # the rest of a body the handler did not read, trickled, must not hold the connection either
             self._arm(self.timeout_keep_alive + self.header_timeout)
 
-    def _note_refusal(self) -> None:
-        state = GuardedProtocol._limit_logged
-        state[1] += 1
+
+class _Refusals:
+    """Requests refused at the connection limit, logged at most once per _LIMIT_LOG_EVERY seconds."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.logged_at = float("-inf")
+
+    def note(self, connections: int, in_flight: int, limit: int) -> None:
+        self.count += 1
         now = time.monotonic()
-        if now - state[0] >= _LIMIT_LOG_EVERY:
-            event("connection limit reached: answering 503", logging.WARNING, refused=state[1],
-                  connections=len(self.connections), in_flight=len(self.tasks), limit=self.max_connections)
-            state[0], state[1] = now, 0
+        if now - self.logged_at >= _LIMIT_LOG_EVERY:
+            event("connection limit reached: answering 503", logging.WARNING, refused=self.count,
+                  connections=connections, in_flight=in_flight, limit=limit)
+            self.logged_at, self.count = now, 0
+
+
+_refusals = _Refusals()  # one per process (one event loop)
 
 
 async def _over_limit(scope: Any, receive: Any, send: Any) -> None:
