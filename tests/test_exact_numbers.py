@@ -115,3 +115,26 @@ def test_a_long_body_still_parses_at_orjson_speed():
         return min(times)
     # generous: the scan for long digit runs costs a fraction of the parse itself
     assert best(lambda: Conversation.parse(raw)) < 3 * best(lambda: orjson.loads(raw)) + 0.002
+
+
+def test_big_integers_survive_compaction_and_its_replay(upstream, tmp_path):
+    """The summarizer call, the stored compaction and every later request keep the digits (and never fail)."""
+    import test_compress as tc
+
+    with ProxyServer(tc.settings(upstream, f"sqlite:///{tmp_path}/c.db")) as p:
+        run = tc.agent_run(16)
+        run[0] = {**run[0], "x_budget": SEED}  # in the pinned head, stored with the compaction
+        tools = [{**tc.TOOLS[0], "function": {**tc.TOOLS[0]["function"], "x_max": LIMIT}}]
+        upstream.script(*[tc.responder] * 64)
+        for i in range(4, len(run) + 1, 2):
+            r = httpx.post(p.url + "/v1/chat/completions", timeout=30, headers={"authorization": "Bearer sk-a"},
+                           json={"model": tc.MODEL, "messages": run[:i], "tools": tools})
+            assert r.status_code == 200, r.text
+    summaries = [q for q in upstream.requests if tc.is_summary_call(q.json)]
+    chats = tc.chat_requests(upstream)
+    assert summaries
+    assert len(chats[-1].json["messages"]) < len(run)  # compacted, replayed from the store
+    for q in chats + [s for s in summaries if tc.is_cached_shape(s.json)]:
+        assert str(LIMIT).encode() in q.body
+    for q in chats:
+        assert q.json["messages"][0]["x_budget"] == SEED
