@@ -165,7 +165,7 @@ class Accountant:
         }
 
     def _metrics(self, ctx: RequestContext, e: dict[str, Any], o: Outcome) -> None:
-        m, labels = self.metrics, (ctx.route.name, ctx.model or "")
+        m, labels = self.metrics, (ctx.route.name, self.metrics.model_label(ctx.model))
         m.requests.labels(*labels, str(o.status)).inc()
         if e["prompt"] is not None:
             m.prompt.labels(*labels).inc(e["prompt"])

@@ -52,7 +52,7 @@ async def chat_completions(request: Request) -> Response:
     ctx: RequestContext | None = None
     t_sent = t0
     try:
-        raw = await read_body(request, st.settings.server.max_body_bytes)
+        raw = await read_body(request, st.settings.server)
         conv = Conversation.parse(raw)
         try:
             ctx = await _context(st, request, conv, str(log["request_id"]))

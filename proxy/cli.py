@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from proxy.config import Settings, load_settings
 from proxy.errors import ConfigError
+from proxy.redact import redact
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,24 +56,30 @@ def _serve(settings: Settings) -> None:
 
     from proxy.app import create_app
     from proxy.encodings import TokenizerUnavailable, ensure_encodings
-    from proxy.logs import setup_logging
+    from proxy.logs import event, setup_logging
+    from proxy.server import uvicorn_options
 
     setup_logging(settings.logging.level)
     try:
         ensure_encodings()
     except TokenizerUnavailable as e:
         raise SystemExit(f"ctxproxy: {e}") from None
-    uvicorn.run(create_app(settings), host=settings.server.host, port=settings.server.port,
-                loop="uvloop", http="httptools", access_log=False, log_config=None,
-                timeout_graceful_shutdown=30, server_header=False, date_header=False)
+    server = settings.server
+    event("ctxproxy starting", listen=f"http://{server.host}:{server.port}", store=redact(settings.store),
+          routes={r.name: redact(r.upstream.base_url) for r in settings.routes},
+          header_timeout=server.header_timeout, body_timeout=server.body_timeout,
+          keep_alive_timeout=server.keep_alive_timeout, max_connections=server.max_connections)
+    uvicorn.run(create_app(settings), host=server.host, port=server.port, loop="uvloop", access_log=False,
+                log_config=None, timeout_graceful_shutdown=30, server_header=False, date_header=False,
+                **uvicorn_options(server))
 
 
 def _check(settings: Settings) -> None:
-    print(f"store: {settings.store.split('@')[-1]}")
+    print(f"store: {redact(settings.store)}")
     for r in settings.routes:
         glob = r.match.model or "-"
         key = f"key from ${r.upstream.api_key_env}" if r.upstream.api_key_env else "client's key"
-        print(f"route {r.name}: model {glob} -> {r.upstream.base_url} ({key})")
+        print(f"route {r.name}: model {glob} -> {redact(r.upstream.base_url)} ({key})")
     for w in config_warnings(settings):
         print(f"warning: {w}", file=sys.stderr)
 
@@ -93,9 +100,9 @@ def config_warnings(settings: Settings) -> list[str]:
 
 def startup_line(settings: Settings, source: str) -> str:
     """One line that says where requests will go, where state is kept and which config was read."""
-    routes = ", ".join(f"{r.name} -> {r.upstream.base_url}" for r in settings.routes)
+    routes = ", ".join(f"{r.name} -> {redact(r.upstream.base_url)}" for r in settings.routes)
     return (f"ctxproxy: listening on http://{settings.server.host}:{settings.server.port}; routes: {routes}; "
-            f"store: {settings.store.split('@')[-1]}; config: {source}")
+            f"store: {redact(settings.store)}; config: {source}")
 
 
 # --------------------------------------------------------------------------- stats
@@ -234,7 +241,8 @@ def _stats(args: argparse.Namespace) -> None:
         if args.session:
             from urllib.parse import quote
 
-            data = _fetch(client, url, "/ctx/v1/sessions/" + quote(args.session, safe=""), authed)
+            # `/` encoded too (an id may hold it), and `.`: an id `.` or `..` is never a dot segment
+            data = _fetch(client, url, "/ctx/v1/sessions/" + quote(args.session, safe="").replace(".", "%2E"), authed)
             text = _session_lines(data) if not args.json else None
         else:
             stats = _fetch(client, url, "/ctx/v1/stats", authed)
@@ -261,10 +269,11 @@ def main(argv: list[str] | None = None) -> None:
         try:
             _stats(args)
         except _Failure as e:
-            print(f"ctxproxy: {e}", file=sys.stderr)
+            print(redact(f"ctxproxy: {e}"), file=sys.stderr)
             raise SystemExit(1) from None
         except (KeyError, TypeError, AttributeError, IndexError) as e:
-            print(f"ctxproxy: unexpected answer from the proxy at {args.url} ({type(e).__name__}: {e})", file=sys.stderr)
+            print(redact(f"ctxproxy: unexpected answer from the proxy at {args.url} ({type(e).__name__}: {e})"),
+                  file=sys.stderr)
             raise SystemExit(1) from None
         except KeyboardInterrupt:
             raise SystemExit(130) from None
@@ -275,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = _settings(args)
     except ConfigError as e:
-        print(f"ctxproxy: invalid configuration: {e}", file=sys.stderr)
+        print(redact(f"ctxproxy: invalid configuration: {e}"), file=sys.stderr)
         raise SystemExit(2) from None
     if args.command == "serve":
         print(startup_line(settings, args.config or os.environ.get("CTXPROXY_CONFIG") or "built-in defaults"),

@@ -13,8 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from proxy import jsonio
 from proxy.history import Message, chain
 from proxy.store import Store
 
@@ -64,7 +63,7 @@ class CompactionLog:
             raw = await self.store.get(key)
             if raw is None:
                 return None
-            prefix = orjson.loads(raw)
+            prefix = jsonio.loads(raw)
             cache[key] = prefix
             if len(cache) > _PREFIX_CACHE:
                 cache.popitem(last=False)
@@ -72,7 +71,7 @@ class CompactionLog:
 
     async def write(self, version: int, upto: int, chain_at: bytes, layer: str, prefix: list[Message]) -> None:
         """Prefix first, then the pointer: a reader never sees a pointer to nothing."""
-        await self.store.put(f"{self.base}:{version}", orjson.dumps(prefix), ttl=self.ttl)
+        await self.store.put(f"{self.base}:{version}", jsonio.dumps(prefix), ttl=self.ttl)
         await self.store.put_json(self.base, {"version": version, "upto": upto, "chain": chain_at.hex(),
                                               "layer": layer}, ttl=self.ttl)
 

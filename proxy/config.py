@@ -38,6 +38,14 @@ DEFAULT_PORT = 8080
 # Largest request body accepted (bytes). Agent histories with offloadable tool
 # output reach a few MB; 32 MiB leaves room while bounding memory per request.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+# Connection guards (server section). Headers come in one packet from any real
+# client; a body of 32 MiB needs ~0.5 MB/s to arrive in 60 s; uvicorn's own
+# keep-alive default; a sidecar serves one agent's connections, 2048 is ample.
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_TIMEOUT = 60.0
+DEFAULT_KEEP_ALIVE_TIMEOUT = 5.0
+DEFAULT_MAX_CONNECTIONS = 2048
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_ROUTE = "default"
 # Context window assumed for a model found neither in `models:` nor in the
 # built-in table (proxy/windows.py); a route may set its own `context_window`.
@@ -96,9 +104,20 @@ class RouteMatch(_Strict):
 
 
 class ServerSettings(_Strict):
+    """How `ctxproxy serve` listens, and what bounds a client's connection (proxy/server.py)."""
+
     host: str = DEFAULT_HOST
     port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
+    # Seconds for a request's headers to arrive, from the connection opening; then it is closed.
+    header_timeout: float = Field(default=DEFAULT_HEADER_TIMEOUT, gt=0)
+    # Seconds for a whole request body to arrive, from its headers; then 408.
+    body_timeout: float = Field(default=DEFAULT_BODY_TIMEOUT, gt=0)
+    # Seconds an idle connection is kept open after a response.
+    keep_alive_timeout: float = Field(default=DEFAULT_KEEP_ALIVE_TIMEOUT, gt=0)
+    # Open connections (or requests in flight) at most; past that, 503 at once.
+    max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, gt=0)
+    max_header_bytes: int = Field(default=DEFAULT_MAX_HEADER_BYTES, gt=0)  # a request's headers, larger: 431
 
 
 class LoggingSettings(_Strict):

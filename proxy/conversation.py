@@ -16,6 +16,7 @@ import orjson
 
 from proxy.config import Route
 from proxy.errors import BadRequest
+from proxy import jsonio
 from proxy.jsonio import JsonStyle
 from proxy.store import Store
 from proxy.encodings import encoding_for_model
@@ -113,7 +114,7 @@ class Conversation:
     def parse(cls, raw: bytes) -> Conversation:
         """Parse and check a chat-completions body; anything malformed is a 400, never a 500."""
         try:
-            body = orjson.loads(raw)
+            body = jsonio.loads(raw)  # orjson; integers beyond 64 bits kept exact
         except orjson.JSONDecodeError as e:
             raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
         try:
@@ -140,7 +141,7 @@ class Conversation:
 def _check_writable(part: dict[str, Any]) -> None:
     """`part` sits at the body's own level, so orjson's depth limit applies to it as to the body."""
     try:
-        orjson.dumps(part)
+        jsonio.dumps(part)
     except orjson.JSONEncodeError:
         raise BadRequest(f"request body is nested deeper than {_MAX_DEPTH} levels", code="invalid_json") from None
 

@@ -6,6 +6,7 @@ only its own.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import orjson
@@ -71,7 +72,11 @@ async def list_sessions(request: Request) -> Response:
 
 
 async def get_session(request: Request) -> Response:
+    """One session's summary and timeline. The id is the rest of the path (X-Session-Id may hold `/`),
+    percent-decoded: `ctxproxy stats --session` and the dashboard send it encoded."""
     wanted = request.path_params["session"]
+    if not wanted:  # /ctx/v1/sessions/
+        return await list_sessions(request)
     try:
         match = [(t, s) for t, s in await _sessions(request) if s == wanted]
         if not match:
@@ -86,7 +91,9 @@ async def get_session(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    """Rendered in a worker thread: a large scrape never holds up the requests being proxied."""
+    text = await asyncio.to_thread(state_of(request).metrics.render)
+    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 async def dashboard(request: Request) -> Response:

@@ -56,6 +56,14 @@ class NotFound(ProxyError):
     code = "not_found"
 
 
+class RequestTimeout(ProxyError):
+    """The client did not send its whole request in time; the connection is closed after the answer."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"

@@ -1,21 +1,166 @@
-"""JSON in and out, fast, and written back in the client's own style.
+"""JSON in and out, fast, exact, and written back in the client's own style.
 
 Parse once with orjson. When a transform changes a request it must be
 re-serialized; doing so in the client's style (separators, ASCII escaping)
 keeps the untouched parts of the body as close as possible to what the client
 sent, and - what matters for provider caches - is deterministic: the same
 object and style always give the same bytes, on any process.
+
+Numbers are the one thing orjson does not keep: it reads an integer beyond 64
+bits as a float (`123456789012345678901234567890` becomes `1.2345678901234568e+29`)
+and refuses one beyond a double's range. A body that may hold such an integer
+(a long run of digits, found by a byte scan costing a fraction of the parse) is
+parsed by the standard library instead, which keeps it an exact `int`, and is
+written back with exactly those digits. Other bodies never leave orjson.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-loads = orjson.loads
+# Integers orjson parses exactly: signed 64-bit and unsigned 64-bit.
+_INT_MIN, _UINT_MAX = -(2**63), 2**64 - 1
+_MAX_INT_CHARS = 21  # longer text ("-" and 20 digits, or 21 digits) is beyond both, no need to convert
+# Digits as "0", "-" kept, everything else a space: a run of 19 digits is the
+# shortest text of an integer orjson turns into a float (-9223372036854775809).
+_DIGIT_CLASS = bytes(0x30 if 0x30 <= b <= 0x39 else b if b == 0x2D else 0x20 for b in range(256))
+_RUN = b"0" * 19
+_RUN_END = re.compile(rb"[^0]")
+_BEFORE_NUMBER = frozenset(b":,[")
+_AFTER_NUMBER = frozenset(b",]}")
+_WHITESPACE = frozenset(b" \t\r\n")
+_MAX_RUNS_LOOKED_AT = 256  # past that many long digit runs, the exact parser is cheaper than looking on
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_MAX_DEPTH = 254  # orjson writes at most this deep
+
+
+def may_hold_big_ints(raw: bytes) -> bool:
+    """True if `raw` may hold a number that is an integer beyond 64 bits.
+
+    A byte scan for runs of 19+ digits (a fraction of orjson's parse time), then
+    a look at each: digits inside strings (ids, timestamps, tool output) are
+    passed over unless they sit where a JSON number would, after `:`, `,` or
+    `[` and before `,`, `]` or `}` - there they may be one (a false alarm only
+    costs the slower exact parse).
+    """
+    scan = raw.translate(_DIGIT_CLASS)
+    at = scan.find(_RUN)
+    runs = 0
+    while at >= 0:
+        runs += 1
+        if runs > _MAX_RUNS_LOOKED_AT:
+            return True
+        found = _RUN_END.search(scan, at + len(_RUN))
+        end = found.start() if found else len(scan)
+        start = at - 1 if at and scan[at - 1] == 0x2D else at
+        if _is_number_position(raw, start, end) and (end - start > _MAX_INT_CHARS
+                                                      or not _INT_MIN <= int(raw[start:end]) <= _UINT_MAX):
+            return True
+        at = scan.find(_RUN, end)
+    return False
+
+
+def _is_number_position(raw: bytes, start: int, end: int) -> bool:
+    i = start - 1
+    while i >= 0 and raw[i] in _WHITESPACE:
+        i -= 1
+    if i >= 0 and raw[i] not in _BEFORE_NUMBER:
+        return False
+    j = end
+    while j < len(raw) and raw[j] in _WHITESPACE:
+        j += 1
+    return j == len(raw) or raw[j] in _AFTER_NUMBER
+
+
+def loads(raw: bytes) -> Any:
+    """The value of a JSON document, integers of any size exact; otherwise exactly orjson's verdict.
+
+    Raises orjson.JSONDecodeError for anything orjson refuses other than an
+    integer too large for it (NaN, Infinity, a lone surrogate, a BOM, bad UTF-8
+    stay refused, with orjson's message).
+    """
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as refused:
+        if not may_hold_big_ints(raw):
+            raise
+        try:
+            return _exact_loads(raw)
+        except (ValueError, RecursionError):
+            raise refused from None
+    if may_hold_big_ints(raw):
+        try:
+            return _exact_loads(raw)
+        except (ValueError, RecursionError):  # deeper than the standard library reads: orjson's value stands
+            return value
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError("number is infinity when parsed as double")
+    return value
+
+
+def _exact_loads(raw: bytes) -> Any:
+    """The standard library's reading, as strict as orjson's but for the size of integers."""
+    value = json.loads(raw.decode("utf-8"), parse_float=_finite_float, parse_constant=_refuse_constant)
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(value):
+        raise ValueError("lone surrogate")
+    return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        o = stack.pop()
+        if type(o) is str:
+            if not o.isascii():
+                try:
+                    o.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+        elif type(o) is dict:
+            stack.extend(o)
+            stack.extend(o.values())
+        elif type(o) is list:
+            stack.extend(o)
+    return False
+
+
+def _exact_ints(value: Any, depth: int = 0) -> Any:
+    """`value` with every integer beyond 64 bits as an orjson.Fragment of its digits (a copy; rare path)."""
+    if depth > _MAX_DEPTH:
+        raise orjson.JSONEncodeError(f"nested deeper than {_MAX_DEPTH} levels")
+    t = type(value)
+    if t is dict:
+        return {k: _exact_ints(v, depth + 1) for k, v in value.items()}
+    if t is list:
+        return [_exact_ints(v, depth + 1) for v in value]
+    if t is int and not _INT_MIN <= value <= _UINT_MAX:
+        return orjson.Fragment(str(value).encode())
+    return value
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON as orjson writes it; integers beyond 64 bits with their exact digits.
+
+    Raises orjson.JSONEncodeError for what orjson cannot write (deeper than 254 levels).
+    """
+    try:
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError:
+        return orjson.dumps(_exact_ints(obj))
 
 
 @dataclass(frozen=True)
@@ -34,10 +179,6 @@ class JsonStyle:
 
     def dumps(self, obj: Any) -> bytes:
         if self.compact and not self.ascii_only:
-            return orjson.dumps(obj)
+            return dumps(obj)
         seps = (",", ":") if self.compact else (", ", ": ")
         return json.dumps(obj, ensure_ascii=self.ascii_only, separators=seps).encode("utf-8")
-
-
-def dumps(obj: Any) -> bytes:
-    return orjson.dumps(obj)

@@ -2,7 +2,8 @@
 
 Fields are chosen by the caller from a fixed vocabulary (ids, route, model,
 session, status, timings, counts); message text only goes in when
-`logging.log_content` is on.
+`logging.log_content` is on. A password in a URL anywhere in a line (a store
+URL in an error, a traceback) is masked before the line is written.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 from typing import Any
 
 import orjson
+
+from proxy.redact import redact
 
 LOGGER_NAME = "ctxproxy"
 log = logging.getLogger(LOGGER_NAME)
@@ -30,7 +33,7 @@ class JsonFormatter(logging.Formatter):
             out.update(fields)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(out, default=str).decode()
+        return redact(orjson.dumps(out, default=str).decode())
 
 
 def setup_logging(level: str = "info") -> None:

@@ -43,7 +43,7 @@ async def passthrough(request: Request) -> Response:
     rid = new_request_id()
     log: dict[str, object] = {"request_id": rid, "method": request.method, "path": request.url.path}
     try:
-        body = await read_body(request, st.settings.server.max_body_bytes)
+        body = await read_body(request, st.settings.server)
         route = resolve_route(st.settings, request.path_params.get("route"), request.headers,
                               _model_of(body, request.headers.get("content-type", "")))
         log["route"] = route.name

@@ -2,18 +2,35 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from proxy.errors import BadRequest, PayloadTooLarge, ProxyError
+from proxy.config import ServerSettings
+from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, RequestTimeout
 
 JSON = "application/json"
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes `limit` bytes (never read whole first)."""
+async def read_body(request: Request, server: ServerSettings) -> bytes:
+    """The request body, bounded in size and in time.
+
+    Refused with 413 as soon as it passes `server.max_body_bytes` (never read
+    whole first), with 408 if it has not all arrived `server.body_timeout`
+    seconds after its headers: a client trickling a body a byte at a time
+    must not hold a connection and a task forever.
+    """
+    try:
+        async with asyncio.timeout(server.body_timeout):
+            return await _read_body(request, server.max_body_bytes)
+    except TimeoutError:
+        raise RequestTimeout(f"request body not received within {server.body_timeout:g} s "
+                             "(server.body_timeout)") from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -35,6 +52,8 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def error_response(err: ProxyError, headers: dict[str, str] | None = None) -> Response:
+    if isinstance(err, RequestTimeout):  # the rest of the request may still trickle in: not worth reading
+        headers = {**(headers or {}), "connection": "close"}
     return Response(err.body(), status_code=err.status, media_type=JSON, headers=headers)
 
 

@@ -30,7 +30,7 @@ class ProxyState:
     @classmethod
     def create(cls, settings: Settings, upstream: Upstream, store: Store) -> ProxyState:
         pipelines = {r.name: build_pipeline(r) for r in settings.routes}
-        metrics = Metrics()
+        metrics = Metrics(settings)
         return cls(settings=settings, upstream=upstream, store=store, windows=LearnedWindows(store),
                    metrics=metrics, accounting=Accountant(store, metrics), pipelines=pipelines)
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from proxy import jsonio
 from proxy.config import UpstreamSettings
 from proxy.history import Message, text_of
 from proxy.tokens import default_counter
@@ -183,7 +184,7 @@ async def _ask(target: SummarizerTarget, system: str, user: str) -> tuple[str, d
 
 
 async def _send(target: SummarizerTarget, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    body = orjson.dumps({"model": target.model, **fields, "temperature": 0, "max_tokens": target.max_output_tokens})
+    body = jsonio.dumps({"model": target.model, **fields, "temperature": 0, "max_tokens": target.max_output_tokens})
     url = upstream_url(target.settings, "chat/completions", "")
     try:
         resp = await target.upstream.send("POST", url, target.headers, body, target.settings)

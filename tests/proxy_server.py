@@ -11,6 +11,7 @@ import uvicorn
 
 from proxy.app import create_app
 from proxy.config import Settings, build_settings
+from proxy.server import uvicorn_options
 
 
 def make_settings(upstream_url: str, store: str, env: dict[str, str] | None = None, **raw: Any) -> Settings:
@@ -40,9 +41,9 @@ class ProxyServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, loop="asyncio", http="httptools", log_config=None,
-                                access_log=False, timeout_graceful_shutdown=2,
-                                server_header=False, date_header=False)
+        config = uvicorn.Config(self.app, loop="asyncio", log_config=None, access_log=False,
+                                timeout_graceful_shutdown=2, server_header=False, date_header=False,
+                                **uvicorn_options(self.settings.server))  # served as `ctxproxy serve` serves
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
         self._thread.start()

@@ -1,0 +1,166 @@
+"""`ctxproxy serve` bounds every client connection: slow headers, slow bodies, too many connections.
+
+Run as users run it (a real `ctxproxy serve` process, raw sockets as hostile
+clients), with short test timeouts from the config file.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import test_serve
+
+TIMEOUT = 1.0  # header_timeout, body_timeout and keep_alive_timeout in these tests
+SLACK = 8.0  # a loaded 2-core machine: closed well after TIMEOUT, but long before "never"
+
+
+def start(tmp_path: Path, upstream, **server) -> test_serve.Served:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(json.dumps({"server": server}))  # JSON is YAML
+    return test_serve.serve(tmp_path, {"CTXPROXY_UPSTREAM": upstream.base_url}, "--config", str(cfg))
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory, mock_upstream):
+    s = start(tmp_path_factory.mktemp("quick"), mock_upstream, header_timeout=TIMEOUT, body_timeout=TIMEOUT,
+              keep_alive_timeout=TIMEOUT)
+    yield s
+    test_serve.stop(s)
+
+
+def connect(s: test_serve.Served) -> socket.socket:
+    host, port = s.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=SLACK + TIMEOUT)
+    return sock
+
+
+def until_closed(sock: socket.socket) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and how long that took."""
+    t0 = time.monotonic()
+    got = b""
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+    except socket.timeout:
+        raise AssertionError(f"connection still open after {time.monotonic() - t0:.1f} s; got {got!r}") from None
+    except ConnectionResetError:
+        pass
+    return got, time.monotonic() - t0
+
+
+def error_of(response: bytes) -> tuple[int, dict]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert b"connection: close" in head.lower(), head
+    return int(head.split(b" ", 2)[1]), json.loads(body)["error"]
+
+
+HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\nauthorization: Bearer sk-slow\r\n"
+        b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n")
+
+
+def test_a_body_that_stalls_is_answered_408_and_closed(quick):
+    with connect(quick) as sock:
+        sock.sendall(HEAD + b'{"model": "gpt-4o", "mess')
+        got, took = until_closed(sock)
+    status, error = error_of(got)
+    assert status == 408 and error["code"] == "request_timeout" and "server.body_timeout" in error["message"]
+    assert TIMEOUT * 0.9 <= took < TIMEOUT + SLACK
+    assert httpx.get(quick.url + "/healthz").status_code == 200
+
+
+def test_a_body_trickled_a_byte_at_a_time_has_one_deadline(quick):
+    with connect(quick) as sock:
+        sock.sendall(HEAD)
+        t0 = time.monotonic()
+        try:
+            for _ in range(int((TIMEOUT + SLACK) / 0.1)):
+                sock.sendall(b" ")
+                time.sleep(0.1)
+        except OSError:  # closed by the server while we were still sending
+            pass
+        got, _ = until_closed(sock)
+    assert time.monotonic() - t0 < TIMEOUT + SLACK
+    assert error_of(got)[0] == 408
+
+
+def test_a_connection_that_sends_nothing_is_closed(quick):
+    with connect(quick) as sock:
+        got, took = until_closed(sock)
+    assert got == b"" and TIMEOUT * 0.9 <= took < TIMEOUT + SLACK
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["stalled", "trickled"])
+def test_headers_that_never_finish_are_answered_408_and_closed(quick, trickle):
+    with connect(quick) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n")
+        t0 = time.monotonic()
+        if trickle:
+            try:
+                for _ in range(int((TIMEOUT + SLACK) / 0.1)):
+                    sock.sendall(b"x")
+                    time.sleep(0.1)
+            except OSError:
+                pass
+        got, _ = until_closed(sock)
+    assert time.monotonic() - t0 < TIMEOUT + SLACK
+    status, error = error_of(got)
+    assert status == 408 and "server.header_timeout" in error["message"]
+
+
+def test_the_unread_rest_of_a_body_cannot_hold_the_connection(quick):
+    """/healthz answers without reading the body; trickling the rest of it keeps nothing open."""
+    with connect(quick) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: proxy\r\ncontent-length: 100000\r\n\r\nxx")
+        t0 = time.monotonic()
+        try:
+            for _ in range(int((2 * TIMEOUT + SLACK) / 0.1)):
+                sock.sendall(b"x")
+                time.sleep(0.1)
+        except OSError:
+            pass
+        got, _ = until_closed(sock)
+    assert got.startswith(b"HTTP/1.1 200") and time.monotonic() - t0 < 2 * TIMEOUT + SLACK
+
+
+def test_oversized_headers_are_answered_431(tmp_path, upstream):
+    s = start(tmp_path, upstream, max_header_bytes=4096)
+    try:
+        with connect(s) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: proxy\r\nx-big: " + b"a" * 8192)
+            got, _ = until_closed(sock)
+        status, error = error_of(got)
+        assert status == 431 and error["code"] == "request_headers_too_large"
+        ok = httpx.get(s.url + "/healthz", headers={"x-fine": "a" * 2000})
+        assert ok.status_code == 200
+    finally:
+        test_serve.stop(s)
+
+
+def test_past_the_connection_limit_new_connections_get_503_at_once(tmp_path, upstream):
+    s = start(tmp_path, upstream, max_connections=3, header_timeout=60)
+    idle = [connect(s) for _ in range(3)]  # held open, sending nothing
+    try:
+        time.sleep(0.3)  # accepted by the server
+        t0 = time.monotonic()
+        r = httpx.get(s.url + "/healthz", timeout=SLACK)
+        assert time.monotonic() - t0 < SLACK / 2
+        assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+        assert r.headers["connection"] == "close"
+        for sock in idle:
+            sock.close()
+        deadline = time.monotonic() + SLACK
+        while httpx.get(s.url + "/healthz").status_code != 200:  # the server notices the closes
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        for sock in idle:
+            sock.close()
+        test_serve.stop(s)
+    lines = [line for line in s.log_lines() if line.get("msg") == "connection limit reached: answering 503"]
+    assert lines and lines[0]["limit"] == 3

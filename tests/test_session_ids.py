@@ -1,0 +1,62 @@
+"""A session id the proxy accepts in X-Session-Id can be read back: over HTTP and with `ctxproxy stats --session`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from proxy_server import ProxyServer, make_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+ADMIN = {"x-ctx-admin-token": "s3cret"}
+
+
+@pytest.fixture
+def proxy(upstream, tmp_path):
+    cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db", env={"CTXPROXY_ADMIN_TOKEN": "s3cret"})
+    with ProxyServer(cfg) as p:
+        yield p
+
+
+def recorded(p: ProxyServer, path: str) -> httpx.Response:
+    deadline = time.monotonic() + 10
+    while True:  # accounting is written in the background
+        r = httpx.get(p.url + path, headers=ADMIN)
+        if r.status_code != 404 or time.monotonic() > deadline:
+            return r
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("session", ["team/run-1", "a/b/../c", "..", "50%/done?x=1#frag"])
+def test_a_session_id_with_slashes_reads_back(proxy, upstream, session):
+    session = session.replace("run-1", f"run-{uuid.uuid4().hex[:6]}")
+    r = httpx.post(proxy.url + "/v1/chat/completions",
+                   headers={"authorization": "Bearer sk-ids", "x-session-id": session},
+                   json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and r.headers["x-ctxproxy-session"] == session
+    got = recorded(proxy, "/ctx/v1/sessions/" + quote(session, safe="").replace(".", "%2E"))
+    assert got.status_code == 200, got.text
+    assert got.json()["session"] == session and len(got.json()["requests"]) == 1
+    # the way `ctxproxy stats --session` asks
+    out = subprocess.run([sys.executable, "-m", "proxy.cli", "stats", "--url", proxy.url, "--session", session],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                         env={**os.environ, "CTXPROXY_ADMIN_TOKEN": "s3cret"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"session {session}: route default, model gpt-4o, 1 requests")
+
+
+def test_a_slash_in_the_path_itself_reaches_the_session(proxy, upstream):
+    session = f"org/{uuid.uuid4().hex[:6]}/run"
+    httpx.post(proxy.url + "/v1/chat/completions", headers={"authorization": "Bearer sk-ids", "x-session-id": session},
+               json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
+    got = recorded(proxy, "/ctx/v1/sessions/" + session)
+    assert got.status_code == 200 and got.json()["session"] == session
+    assert recorded(proxy, "/ctx/v1/sessions/org/nope").json()["error"]["code"] == "session_not_found"
