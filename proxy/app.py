@@ -59,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_api_route("/ctx/v1/stats", ctx_api.get_stats, methods=["GET"])
     app.add_api_route("/ctx/v1/sessions", ctx_api.list_sessions, methods=["GET"])
     app.add_api_route("/ctx/v1/sessions/{session}", ctx_api.get_session, methods=["GET"])
+    app.add_api_route("/ctx/v1/sessions/{session}/requests/{n}", ctx_api.get_request, methods=["GET"])
     app.add_api_route("/ctx/v1/blobs/{handle}", ctx_api.get_blob, methods=["GET"])
     for prefix in ("", "/r/{route}"):
         app.add_api_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
