@@ -136,3 +136,39 @@ def drive(proxy_url: str, upstream: Any, key: str, session: str) -> Run:
         run.responses.append(r)
         run.expected.append(expected(body, upstream.requests[-1].json))
     return run
+
+
+# --------------------------------------------------------------------------- a run with a summary, for the inspector
+
+SUMMARY = "## Progress\nWorker 17 failed in batch 731; the other workers are fine.\n## Next\nRead worker 17's log."
+INSPECT_DEFAULTS = {"offload": {"tool_result_tokens": 1000}}  # compression with its LLM summary, status bar on
+
+
+def answer(body: dict[str, Any]) -> str:
+    """The mock's reply: the agent's requests end with the status bar; anything else is the summarizer."""
+    last = body["messages"][-1].get("content")
+    return "ok" if isinstance(last, str) and last.startswith("<agent_status>") else SUMMARY
+
+
+def summary_requests() -> list[list[dict[str, Any]]]:
+    """Request 1 offloads one result; request 2 adds eight medium ones, which compacts with a summary."""
+    head = [{"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "Find which worker failed."}]
+    r1 = head + _turn(1, _result("big-1", 90))
+    r2 = r1 + [m for i in range(2, 10) for m in _turn(i, _result(f"mid-{i}", 45))]
+    return [r1, r2]
+
+
+def drive_summary(proxy_url: str, upstream: Any, key: str, session: str) -> list[dict[str, Any]]:
+    """Send the two requests; returns what the mock received for each agent request, in order."""
+    upstream.windows[MODEL] = WINDOW
+    upstream.script(*[answer] * 10)
+    agent = []
+    for msgs in summary_requests():
+        r = httpx.post(proxy_url + "/v1/chat/completions", timeout=30,
+                       json={"model": MODEL, "messages": msgs, "tools": TOOLS},
+                       headers={"authorization": f"Bearer {key}", "x-session-id": session})
+        assert r.status_code == 200, r.text
+        agent.append(upstream.requests[-1].json)
+    assert agent[-1]["messages"][2]["content"].startswith("<context_summary>")  # the run compacted with a summary
+    return agent
