@@ -111,19 +111,24 @@ def align(client: Sequence[bytes], sent: Sequence[bytes], sent_messages: Sequenc
     out: list[Segment] = []
     i = j = 0
     n, m = len(sent), len(client)
+    members: set[bytes] | None = None  # the client's digests, once the lists first differ
     while i < n or j < m:
         k = _lcp(sent, i, client, j) if i < n else 0
         if k:
             out.append(("c", j, j + k))
             i, j = i + k, j + k
             continue
+        if members is None:
+            members = set(client)
         start, anchor = i, m
         while i < n:
-            try:
-                anchor = client.index(sent[i], j)
-                break
-            except ValueError:
-                i += 1
+            if sent[i] in members:  # else certainly the proxy's: no scan of the client's list
+                try:
+                    anchor = client.index(sent[i], j)
+                    break
+                except ValueError:  # only earlier in the client's list: not where it continues
+                    pass
+            i += 1
         out += _group(range(start, i), j, anchor, sent_messages)
         j = anchor
     return out

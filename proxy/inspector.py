@@ -17,7 +17,9 @@ replaced.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 from proxy.conversation import Conversation
@@ -29,6 +31,7 @@ DIGEST_HEX = 16  # hex characters of a message digest kept per message (64 bits)
 _ROLE_CODES = {"system": "s", "developer": "d", "user": "u", "assistant": "a", "tool": "t", "function": "f"}
 _ROLES = {v: k for k, v in _ROLE_CODES.items()}
 _FIELDS = ("prompt_cache_key", "prompt_cache_retention", "stream_options")  # top-level fields the proxy may add
+_SHORT = operator.itemgetter(slice(0, DIGEST_HEX // 2))  # the digest bytes kept
 _ANSWER_HEAD_CHARS = 300  # the first line of a read-back answer kept (the proxy's own "[handle: lines ...]")
 
 
@@ -68,7 +71,7 @@ def record(request_id: str, conv: Conversation, trace: Trace, figures: Figures,
            rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The compact inspector record of one request."""
     client = conv.client_messages
-    roles = "".join(_ROLE_CODES.get(m.get("role"), "?") for m in client)
+    roles = "".join(map(_ROLE_CODES.get, map(dict.get, client, repeat("role")), repeat("?")))
     sent = conv.messages
     segments: list[list[Any]] = []
     for seg in figures.segments:
@@ -85,7 +88,7 @@ def record(request_id: str, conv: Conversation, trace: Trace, figures: Figures,
     if "stream_options" in conv.body and b'"include_usage"' not in raw:
         fields["stream_options"] = conv.body["stream_options"]
     return {"id": request_id, "roles": roles, "tokens": figures.client_counts,
-            "digests": b"".join(d[:DIGEST_HEX // 2] for d in trace.raw).hex(), "segments": segments,
+            "digests": b"".join(map(_SHORT, trace.raw)).hex(), "segments": segments,
             "marks": sorted(conv.notes.get("unmarked", {})),
             "tools": {"client": _names(client_tools(conv)), "client_tokens": figures.client_tool_tokens,
                       "sent": _names(tools), "sent_tokens": figures.sent_tool_tokens},

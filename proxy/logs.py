@@ -2,7 +2,8 @@
 
 Fields are chosen by the caller from a fixed vocabulary (ids, route, model,
 session, status, timings, counts); message text only goes in when
-`logging.log_content` is on.
+`logging.log_content` is on (proxy/accounting.py adds the client's new
+messages to the request's line).
 """
 
 from __future__ import annotations
