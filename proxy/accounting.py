@@ -25,6 +25,7 @@ from proxy.figures import EARLIER_EVENTS, Figures
 from proxy.logs import event, log
 from proxy.metrics import Metrics
 from proxy.prefix_check import PrefixCheck, Trace, compare, expiry_cause
+from proxy.readback_rate import HandleCounts, ReadBack, read_back
 from proxy.store import Store, StoreError
 from proxy.tokens import default_counter, message_digest
 from proxy.usage import Usage, parse_usage
@@ -38,7 +39,6 @@ INSPECT_MAX = 100  # requests per session whose inspector record is kept (the ne
 TEXTS_MAX = 5000  # distinct texts kept per session for the inspector (a status or placeholder is stored once)
 RETENTION = 30 * 86_400  # seconds session timelines and summaries are kept
 _TRACES_CACHED = 1_000
-_HANDLES_SEEN = 50_000  # (tenant, handle) pairs known to be counted as given, in process
 # Counters per tenant, route, model and hour; see README "What the figures mean".
 FIELDS = ("requests", "errors", "prompt", "cached", "reported_prompt", "cacheable", "completion", "own_calls",
           "own_prompt", "own_cached", "client_tokens", "sent_tokens", "saved_offload", "saved_compress", "breaks",
@@ -66,14 +66,6 @@ def inspect_key(tenant: str, session: str) -> str:
 
 def texts_key(tenant: str, session: str) -> str:
     return f"t:{tenant}:s:{session}:texts"
-
-
-def _given_key(tenant: str, handle: str) -> str:
-    return f"t:{tenant}:given:{handle}"
-
-
-def _read_key(tenant: str, handle: str) -> str:
-    return f"t:{tenant}:readback:{handle}"
 
 
 def stats_prefix(tenant: str) -> str:
@@ -141,7 +133,7 @@ class Accountant:
         self._writing = asyncio.Lock()
         self._gathering = False  # the flusher is waiting for its batch to fill
         self._firsts_written: set[str] = set()
-        self._given_seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._handles = HandleCounts(store, RETENTION)
 
     def trace(self, conv: Conversation, ctx: RequestContext) -> Trace:
         model = conv.body.get("model")
@@ -192,7 +184,7 @@ class Accountant:
         if outcome.accepted:
             self._keep_trace(key, trace)
         try:
-            read = _read_back(rounds, conv)
+            read = read_back(rounds, conv)
             entry = self._entry(ctx, check, outcome, figures, rounds, read)
             inspect = inspector.record(ctx.request_id, conv, trace, figures,
                                        inspector.read_rounds(read.messages, read.usages, conv.body.get("model")))
@@ -209,7 +201,7 @@ class Accountant:
                                     in enumerate(zip(trace.raw, conv.client_messages)) if d not in known]}
 
     def _entry(self, ctx: RequestContext, check: PrefixCheck, o: Outcome, f: Figures, rounds: Rounds | None,
-               read: _ReadBack) -> dict[str, Any]:
+               read: ReadBack) -> dict[str, Any]:
         u, ok = o.usage, o.accepted
         return {
             "ts": round(time.time(), 3), "request_id": ctx.request_id, "route": ctx.route.name, "model": ctx.model,
@@ -330,7 +322,7 @@ class Accountant:
                     event("accounting not stored: store unavailable", requests=len(b.logs), error=str(err))
 
     async def _write(self, b: _Batch) -> None:
-        await self._handles(b)
+        await self._count_handles(b)  # before the counters are written: it adds to them
         await self.store.incr_many(dict(b.amounts))
         for key, value in b.traces.items():
             await self.store.put_json(key, value, ttl=RETENTION)
@@ -349,26 +341,14 @@ class Accountant:
         await self.store.append_logs(b.inspects, max_len=INSPECT_MAX, ttl=RETENTION)
         await self.store.append_logs(b.logs, max_len=TIMELINE_MAX, ttl=RETENTION)
 
-    async def _handles(self, b: _Batch) -> None:
-        """Handles given to the model and read back: each counted once per tenant (atomic across replicas),
-        a read where its handle was given (route, model, hour, session), so the rate never passes 1."""
+    async def _count_handles(self, b: _Batch) -> None:
+        def count(group: str, hour: int, sess: str, name: str) -> None:
+            self._count(b, group, hour, sess, name)
+
         for tenant, session, group, hour, handles in b.given:
-            for h in handles:
-                if (tenant, h) in self._given_seen:
-                    continue
-                if await self.store.put_json_if_absent(_given_key(tenant, h), [group, hour, session], ttl=RETENTION):
-                    self._count(b, group, hour, f"{tenant}:{session}", "handles_given")
-                self._given_seen[(tenant, h)] = None
-                if len(self._given_seen) > _HANDLES_SEEN:
-                    self._given_seen.popitem(last=False)
+            await self._handles.given(tenant, session, group, hour, handles, count)
         for tenant, handles in b.reads:
-            given = await self.store.get_many([_given_key(tenant, h) for h in handles])
-            for h, where in zip(handles, given):
-                if where is None:  # not a handle the proxy gave in a placeholder (or given elsewhere)
-                    continue
-                if await self.store.put_if_absent(_read_key(tenant, h), b"1", ttl=RETENTION):
-                    group, hour, session = orjson.loads(where)
-                    self._count(b, group, hour, f"{tenant}:{session}", "handles_read")
+            await self._handles.read(tenant, handles, count)
 
     def _count(self, b: _Batch, group: str, hour: int, sess: str, name: str) -> None:
         for bucket in ("all", f"h{hour}"):
@@ -400,31 +380,6 @@ class _Batch:
     given: list[tuple[str, str, str, int, list[str]]] = field(default_factory=list)
     reads: list[tuple[str, list[str]]] = field(default_factory=list)
     dropped: int = 0
-
-
-@dataclass
-class _ReadBack:
-    """The hidden read-back rounds of a request: the messages they added, their usage, the handles read."""
-
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    usages: list[Usage] = field(default_factory=list)
-    handles: list[str] = field(default_factory=list)
-
-
-def _read_back(rounds: Rounds | None, conv: Conversation) -> _ReadBack:
-    if rounds is None or not rounds.done:
-        return _ReadBack()
-    added = rounds.messages[len(conv.messages):]
-    handles: dict[str, None] = {}
-    for m in added:
-        for call in m.get("tool_calls") or () if m.get("role") == "assistant" else ():
-            try:
-                args = orjson.loads((call.get("function") or {}).get("arguments") or "{}")
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(args, dict) and isinstance(args.get("handle"), str):
-                handles[args["handle"].strip()] = None
-    return _ReadBack(added, list(rounds.usages), list(handles))
 
 
 def usage_from_events(conv: Conversation) -> list[tuple[str, Usage]]:
