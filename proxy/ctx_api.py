@@ -1,8 +1,8 @@
 """/ctx/v1/* and /metrics: what the proxy did, for people, dashboards and scrapers.
 
 Scoped (proxy/admin.py): the admin token sees every tenant, a client's API key
-only its own. Every read first writes this process's pending accounting, so a
-request is visible as soon as its response has completed.
+only its own. Every /ctx/v1 read first writes this process's pending
+accounting, so a request is visible as soon as its response has completed.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def _with_id(raws: list[bytes], request_id: str) -> dict | None:
 
 
 async def metrics(request: Request) -> Response:
-    await state_of(request).accounting.settle()
+    """In-process figures, updated as each response completes (never waits for the store)."""
     return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -201,3 +201,69 @@ def test_an_unknown_session_is_not_found_for_whoever_asks(proxy):
     r = httpx.get(f"{proxy.url}/ctx/v1/sessions/nope", headers={"x-ctx-admin-token": "s3cret"})
     assert r.status_code == 404 and r.json()["error"]["message"] == "no session 'nope' recorded by this proxy"
     assert "key" not in r.json()["error"]["message"]
+
+
+def test_alignment_accounts_for_every_message_once():
+    """Whatever the proxy did, each message sent and each client message is placed exactly once, in order."""
+    import random
+
+    from proxy.figures import align
+
+    def msg(text: str) -> dict:
+        return {"role": "tool", "tool_call_id": "x", "content": text}
+
+    rng = random.Random(7)
+    for trial in range(300):
+        n = rng.randint(0, 30)
+        client = [bytes([rng.randint(0, 5)]) for _ in range(n)]  # many equal messages on purpose
+        sent, messages = [], []
+        for i, d in enumerate(client):
+            what = rng.random()
+            if what < 0.15:
+                continue  # left out (or folded into the summary before it)
+            if what < 0.35:
+                sent.append(b"p%d" % i)
+                messages.append(msg(rng.choice(["[ctxproxy: tool result of bash stored whole (9 tokens, 1 lines, "
+                                                "9 chars); showing", "[ctxproxy: cleared tool result of bash", "x"])))
+            else:
+                sent.append(d)
+                messages.append(msg("client"))
+            if rng.random() < 0.1:
+                sent.append(b"s%d" % i)
+                messages.append({"role": "user", "content": "<agent_status>\nturn: 1"})
+        segments = align(client, sent, messages)
+        placed_sent, placed_client = [], []
+        for seg in segments:
+            if seg[0] == "c":
+                placed_client += range(seg[1], seg[2])
+                placed_sent += range(len(placed_sent), len(placed_sent) + seg[2] - seg[1])
+            elif seg[0] == "p":
+                assert seg[1] == len(placed_sent)
+                placed_sent.append(seg[1])
+                placed_client += range(seg[3], seg[4])
+            else:
+                placed_client += range(seg[1], seg[2])
+        assert placed_sent == list(range(len(sent))), (client, sent, segments)
+        assert placed_client == list(range(len(client))), (client, sent, segments)
+        pos = 0
+        for seg in segments:  # a run is the client's messages exactly as sent
+            if seg[0] == "c":
+                assert sent[pos:pos + seg[2] - seg[1]] == client[seg[1]:seg[2]]
+            pos += seg[2] - seg[1] if seg[0] == "c" else seg[0] == "p"
+
+
+def test_usage_of_several_calls_is_summed_in_the_providers_spelling():
+    from proxy.usage import parse_usage, summed
+
+    openai = [{"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105,
+               "prompt_tokens_details": {"cached_tokens": 64}, "completion_tokens_details": {"reasoning_tokens": 2}},
+              {"prompt_tokens": 130, "completion_tokens": 7, "total_tokens": 137,
+               "prompt_tokens_details": {"cached_tokens": 96, "audio_tokens": None}}]
+    assert summed(openai) == {"prompt_tokens": 230, "completion_tokens": 12, "total_tokens": 242,
+                              "prompt_tokens_details": {"cached_tokens": 160, "audio_tokens": None},
+                              "completion_tokens_details": {"reasoning_tokens": 2}}
+    anthropic = [{"input_tokens": 10, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 0,
+                  "output_tokens": 4}, {"input_tokens": 20, "cache_read_input_tokens": 1010,
+                                        "cache_creation_input_tokens": 30, "output_tokens": 6}]
+    u = parse_usage(summed(anthropic))
+    assert (u.prompt, u.cached, u.cache_write, u.completion) == (2070, 2010, 30, 10)
