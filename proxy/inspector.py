@@ -25,7 +25,7 @@ from typing import Any
 from proxy.conversation import Conversation
 from proxy.figures import Figures, client_tools, handle_in
 from proxy.prefix_check import Trace
-from proxy.tokens import default_counter
+from proxy.tokens import default_counter, message_digest
 
 DIGEST_HEX = 16  # hex characters of a message digest kept per message (64 bits)
 _ROLE_CODES = {"system": "s", "developer": "d", "user": "u", "assistant": "a", "tool": "t", "function": "f"}
@@ -63,6 +63,7 @@ def read_rounds(rounds_messages: Sequence[dict[str, Any]], usages: Sequence[Any]
             text = m.get("content") or ""
             out[-1]["answers"].append({"tool_call_id": m.get("tool_call_id"),
                                        "tokens": default_counter.count_message(m, model),
+                                       "digest": short(message_digest(m)),
                                        "head": text.split("\n", 1)[0][:_ANSWER_HEAD_CHARS]})
     return out
 
@@ -147,6 +148,10 @@ def expand(rec: dict[str, Any], texts: dict[str, Any]) -> dict[str, Any]:
     for row in messages:
         if row["position"] is not None and row["position"] in marks:
             row["cache_marker"] = True
+    for rnd in rec["rounds"]:
+        for answer in rnd["answers"]:
+            if answer.get("digest") in texts:  # the whole answer, when the client's content is recorded
+                answer["message"] = texts[answer["digest"]]
     return {"messages": messages, "tools": rec["tools"], "fields": rec["fields"], "rounds": rec["rounds"],
             "client_messages": len(rec["roles"]),
             "client_content": any(d in texts for d in _digests(rec))}

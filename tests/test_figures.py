@@ -144,6 +144,13 @@ def test_hidden_read_rounds_are_billed_to_the_turn(proxy, upstream, stream):
     totals = get(proxy, "/ctx/v1/stats", key)["totals"]["all"]
     assert totals["prompt"] == usage.prompt_tokens and totals["own_prompt"] == 0 and totals["read_rounds"] == 2
     assert (totals["handles_given"], totals["handles_read"], totals["readback_rate"]) == (2, 1, 0.5)
+    # the inspector shows the hidden rounds: the model's calls, the proxy's answers, what each round was billed
+    rounds = get(proxy, f"/ctx/v1/sessions/{session}/requests/1", key)["rounds"]
+    assert [[c["name"] for c in r["calls"]] for r in rounds] == [["context_read"], ["context_read"]]
+    assert [r["usage"]["prompt"] for r in rounds] == [u["prompt_tokens"] for u in billed[:2]]
+    handle = json.loads(rounds[0]["calls"][0]["arguments"])["handle"]
+    assert rounds[0]["answers"][0]["head"].startswith(f"[{handle}: lines 0-")
+    assert rounds[1]["answers"][0]["head"].startswith(f"[{handle}: lines 5-")
 
 
 def test_requests_that_never_reached_the_provider_add_no_tokens(upstream, tmp_path):
