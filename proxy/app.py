@@ -58,6 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_api_route("/ctx/ui", ctx_api.dashboard, methods=["GET"])
     app.add_api_route("/ctx/v1/stats", ctx_api.get_stats, methods=["GET"])
     app.add_api_route("/ctx/v1/sessions", ctx_api.list_sessions, methods=["GET"])
+    app.add_api_route("/ctx/v1/sessions/{session:path}/requests/{n}", ctx_api.get_request, methods=["GET"])
     app.add_api_route("/ctx/v1/sessions/{session:path}", ctx_api.get_session, methods=["GET"])
     app.add_api_route("/ctx/v1/blobs/{handle}", ctx_api.get_blob, methods=["GET"])
     for prefix in ("", "/r/{route}"):

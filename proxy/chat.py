@@ -23,11 +23,13 @@ from proxy.archive import Archive
 from proxy.compaction import reserve_tokens
 from proxy.conversation import Conversation, RequestContext
 from proxy.errors import ProxyError, UpstreamUnreachable, error_body
+from proxy.figures import carry_events, measure
 from proxy.learned_windows import overflow_limit
 from proxy.logs import event, log as logger
 from proxy.pipeline import run_pipeline
 from proxy.report import event_fields, event_headers
 from proxy.responses import error_response, read_body, relay_response, relay_stream
+from proxy.round_usage import hidden_usage, summed_body, summed_stream
 from proxy.routing import api_key_of, resolve_route, session_id, tenant_id
 from proxy.sse import StreamCutShort, account_stream
 from proxy.state import ProxyState, state_of
@@ -76,18 +78,20 @@ async def chat_completions(request: Request) -> Response:
             resp, conv, ctx = await _retry_if_overflow(st, resp, url, send, conv, ctx, headers)
     except ProxyError as err:
         if ctx is not None and t_sent > t0:  # it reached the upstream step: a failed request, counted as one
-            failed = Outcome(status=err.status, error=err.code, overhead_s=t_sent - t0)
+            failed = Outcome(status=err.status, error=err.code, overhead_s=t_sent - t0, own=usage_from_events(conv))
             trace = st.accounting.trace(conv, ctx)
-            st.accounting.record(ctx, conv, trace, await st.accounting.check(ctx, trace), failed)
+            figures = measure(conv, trace)
+            log.update(st.accounting.record(ctx, conv, trace, await st.accounting.check(ctx, trace), failed, figures))
         _finish(log, t0, status=err.status, error=err.code)
         return error_response(err, headers)
 
     outcome = Outcome(overhead_s=t_sent - t0, upstream_s=time.perf_counter() - t_sent,
-                      own=usage_from_events(conv))
+                      own=usage_from_events(conv), accepted=resp.status_code < 300)
     trace = st.accounting.trace(conv, ctx)
+    figures = measure(conv, trace)
     st.memo.keep(ctx.tenant, ctx.session, conv)
     check = await st.accounting.check(ctx, trace)
-    headers.update(event_headers(conv, check))
+    headers.update(event_headers(conv, figures, check))
     log.update(rewritten=conv.changed, overhead_ms=round(outcome.overhead_s * 1000, 3),
                upstream_headers_ms=round(outcome.upstream_s * 1000, 3), **event_fields(conv))
 
@@ -95,9 +99,9 @@ async def chat_completions(request: Request) -> Response:
         outcome.status, outcome.error = status, error
         if rounds is not None:
             log["read_rounds"] = rounds.done
-            if rounds.own is not None:
-                outcome.own.append(("read", rounds.own))
-        st.accounting.record(ctx, conv, trace, check, outcome)
+            if outcome.usage is None:  # the turn failed after hidden rounds the provider billed
+                outcome.usage = hidden_usage(rounds)
+        log.update(st.accounting.record(ctx, conv, trace, check, outcome, figures, rounds))
         _finish(log, t0, status=status, error=error, **fields)
 
     rounds = None
@@ -106,7 +110,8 @@ async def chat_completions(request: Request) -> Response:
     headers_out = response_headers(resp.headers, decoded=True) + list(headers.items())
 
     if resp.headers.get("content-type", "").startswith(SSE):
-        chunks = iter_raw(resp, url) if rounds is None else toolloop.stream(send, resp, url, rounds)
+        chunks = iter_raw(resp, url) if rounds is None else summed_stream(toolloop.stream(send, resp, url, rounds),
+                                                                          rounds)
 
         def on_usage(u: Usage) -> None:
             outcome.usage = u
@@ -118,6 +123,9 @@ async def chat_completions(request: Request) -> Response:
             content = await read_upstream_body(resp, url)
         else:
             resp, content = await toolloop.complete(send, resp, url, rounds)
+            if resp.status_code == 200:
+                content = summed_body(content, rounds)
+            headers["x-ctxproxy-read-rounds"] = str(rounds.done)
             headers_out = response_headers(resp.headers, decoded=True) + list(headers.items())
     except ProxyError as err:
         done(err.status, err.code)
@@ -173,7 +181,8 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, sen
     event("learned context window from provider", request_id=ctx.request_id, route=ctx.route.name,
           model=ctx.model, window=limit)
     ctx = dataclasses.replace(ctx, window=limit)
-    conv = Conversation.parse(conv.raw)
+    first, conv = conv, Conversation.parse(conv.raw)
+    carry_events(first, conv)  # what the first run stored (offloads, compactions) still counts
     st.memo.recall(ctx.tenant, ctx.session, conv)
     conv = await run_pipeline(st.pipelines[ctx.route.name], conv, ctx)
     _ask_for_usage(conv, ctx)

@@ -31,8 +31,11 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--api-key", help="a client's API key instead: only that tenant's figures")
     st.add_argument("--window", choices=WINDOWS, default="last_day", help="totals and rows over (default last_day)")
     st.add_argument("--session", help="print this session's timeline, request by request")
+    st.add_argument("--request", metavar="N", help="with --session: what request N (as numbered in the timeline, "
+                                                    "or its request id) sent upstream, message by message")
     st.add_argument("--json", action="store_true",
-                    help="print the proxy's JSON as it is (/ctx/v1/stats, or the session with --session)")
+                    help="print the proxy's JSON as it is (/ctx/v1/stats, the session with --session, the request "
+                         "with --request)")
     from proxy.replay import add_arguments as replay_arguments
 
     replay_arguments(sub.add_parser(
@@ -175,12 +178,12 @@ def _stats_lines(url: str, window: str, stats: dict[str, Any], sessions: list[di
         ("cacheable tokens", _num(t["cacheable"])),
         ("cache efficiency", _pct(t["efficiency"])),
         ("completion tokens", _num(t["completion"])),
-        ("tokens saved", f"{_num(t['saved_tokens'])} (offload {_num(t['saved_offload'])}, "
-                         f"compression {_num(t['saved_compress'])})"),
+        ("tokens saved", _saved(t)),
         ("effective cost", f"{_num(t['effective_cost'], 1)} token units"),
         ("cache breaks", _num(t["breaks"])),
         ("offloads", _num(t["offloads"])),
         ("compactions", _num(t["compactions"])),
+        ("read back", _read_back(t)),
         ("own calls", f"{_num(t['own_calls'])} (prompt {_num(t['own_prompt'])}, cached {_num(t['own_cached'])})"),
     ]
     out += ["totals"] + [f"  {k + ':':<19}{v}" for k, v in totals] + [""]
@@ -197,9 +200,10 @@ def _stats_lines(url: str, window: str, stats: dict[str, Any], sessions: list[di
     out.append("recent sessions")
     if sessions:
         rows = [[s["session"], s.get("model") or "-", _num(s["requests"]), _num(s["prompt"]), _num(s["cached"]),
-                 _num(s["breaks"]), _clock(s["last"]), s.get("last_break") or "-"] for s in sessions[:_RECENT_SESSIONS]]
-        out += ["  " + x for x in _table(["SESSION", "MODEL", "REQUESTS", "PROMPT", "CACHED", "BREAKS", "LAST SEEN",
-                                          "LAST BREAK"], rows, "llrrrrll")]
+                 _num(s["breaks"]), _num(s.get("offloads")), _num(s.get("saved_tokens")), _clock(s["last"]),
+                 s.get("last_break") or "-"] for s in sessions[:_RECENT_SESSIONS]]
+        out += ["  " + x for x in _table(["SESSION", "MODEL", "REQUESTS", "PROMPT", "CACHED", "BREAKS", "OFFLOADS",
+                                          "SAVED", "LAST SEEN", "LAST BREAK"], rows, "llrrrrrrll")]
         if len(sessions) > _RECENT_SESSIONS:
             out.append(f"  ... and {len(sessions) - _RECENT_SESSIONS} more")
     else:
@@ -207,23 +211,125 @@ def _stats_lines(url: str, window: str, stats: dict[str, Any], sessions: list[di
     return out
 
 
+def _saved(t: dict[str, Any]) -> str:
+    return (f"{_num(t['saved_tokens'])} (offload {_num(t['saved_offload'])}, compression {_num(t['saved_compress'])}, "
+            f"added by the proxy -{_num(t['added_tokens'])})")
+
+
+def _read_back(t: dict[str, Any]) -> str:
+    rate = f" ({_pct(t['readback_rate'])})" if t.get("readback_rate") is not None else ""
+    return (f"{_num(t['handles_read'])} of {_num(t['handles_given'])} handles given{rate}, "
+            f"in {_num(t['read_rounds'])} hidden rounds")
+
+
 def _session_lines(data: dict[str, Any]) -> list[str]:
     s = data.get("summary") or {}
     out = [f"session {data['session']}: route {s.get('route', '-')}, model {s.get('model') or '-'}, "
            f"{_num(s.get('requests'))} requests, prompt {_num(s.get('prompt'))}, cached {_num(s.get('cached'))}, "
-           f"breaks {_num(s.get('breaks'))}", ""]
+           f"breaks {_num(s.get('breaks'))}",
+           f"offloads {_num(s.get('offloads'))}, compactions {_num(s.get('compactions'))}, tokens saved "
+           + (_saved(s) if "saved_tokens" in s else "-") + (f", read back {_read_back(s)}" if "handles_read" in s else ""),
+           ""]
     rows = []
     for i, r in enumerate(data.get("requests") or [], 1):
         status = str(r.get("status")) + (" stream" if r.get("stream") else "") + (" degraded" if r.get("degraded") else "")
-        offl = f"{r['offloaded']} (-{_num(r.get('saved_offload'))})" if r.get("offloaded") else "-"
-        comp = f"{r['compacted']} (-{_num(r.get('saved_compress'))})" if r.get("compacted") else "-"
+        offl = f"{r.get('offloaded_new', 0)}/{r['offloaded']}" if r.get("offloaded") or r.get("offloaded_new") else "-"
+        comp = r.get("compacted") or "-"
         cause = r.get("break") or (f"error: {r['error']}" if r.get("error") else "-")
         rows.append([str(i), _clock(r["ts"]), status, _num(r.get("prompt")), _num(r.get("cached")),
-                     _num(r.get("cacheable")), offl, comp, _num(r.get("overhead_ms"), 1), cause])
+                     _num(r.get("cacheable")), offl, comp, _num(r.get("saved")), _num(r.get("read_rounds")),
+                     _num(r.get("overhead_ms"), 1), cause])
     if not rows:
         return out + ["no requests recorded"]
-    return out + _table(["#", "TIME", "STATUS", "PROMPT", "CACHED", "CACHEABLE", "OFFLOADED", "COMPACTED",
-                         "OVERHEAD MS", "BREAK"], rows, "rllrrrrlrl")
+    return out + _table(["#", "TIME", "STATUS", "PROMPT", "CACHED", "CACHEABLE", "OFFLOADS NEW/IN EFFECT",
+                         "COMPACTED", "SAVED", "READ ROUNDS", "OVERHEAD MS", "BREAK"], rows, "rllrrrrlrrrl")
+
+
+_CLIENT_LINES = 20  # lines of a logged client message shown (`--json` has them all)
+
+
+def _text(message: Any) -> str:
+    """A message as text: its content (or text parts) and its tool calls."""
+    if not isinstance(message, dict):
+        return ""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    parts = [content] if isinstance(content, str) and content else []
+    parts += [f"{(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments')})"
+              for c in message.get("tool_calls") or () if isinstance(c, dict)]
+    return "\n".join(parts)
+
+
+def _quoted(text: str, limit: int | None = None) -> list[str]:
+    lines = text.split("\n")
+    shown = lines if limit is None or len(lines) <= limit else lines[:limit]
+    out = ["      | " + x for x in shown]
+    if len(shown) < len(lines):
+        out.append(f"      | ... {len(lines) - len(shown):,} more lines")
+    return out
+
+
+def _client_span(rows: list[dict[str, Any]]) -> str:
+    if len(rows) == 1:
+        r = rows[0]
+        return f"#{r['index']} ({r['role']}, {_num(r['tokens'])} tokens, {r['digest']})"
+    return f"#{rows[0]['index']}-#{rows[-1]['index']} ({len(rows)} messages, {_num(sum(r['tokens'] for r in rows))} tokens)"
+
+
+def _request_lines(data: dict[str, Any]) -> list[str]:
+    e, tools = data.get("entry") or {}, data["tools"]
+    out = [f"session {data['session']}, request {data['request']} ({data['request_id']}): status {e.get('status')}, "
+           f"model {e.get('model') or '-'}, route {e.get('route')}",
+           f"client sent {_num(e.get('client_tokens'))} prompt tokens ({data['client_messages']} messages, "
+           f"{len(tools['client'])} tools); upstream got {_num(e.get('sent_tokens'))} "
+           f"({sum(1 for m in data['messages'] if m['position'] is not None)} messages, {len(tools['sent'])} tools); "
+           f"saved {_num(e.get('saved'))} (offload {_num(e.get('saved_offload'))}, compression "
+           f"{_num(e.get('saved_compress'))}, added -{_num(e.get('added'))})",
+           f"offloads {e.get('offloaded_new', 0)} new, {e.get('offloaded', 0)} in effect; compacted "
+           f"{e.get('compacted') or '-'}; cacheable {_num(e.get('cacheable'))}, cached {_num(e.get('cached'))}; "
+           f"hidden read rounds {e.get('read_rounds', 0)}"
+           + ("" if data.get("client_content") else "; client content not recorded (logging.log_content: false)"),
+           "", "what went upstream, in order (#: position sent; client #: the client's message index)"]
+    run: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        if run:
+            where = f"{run[0]['position']}" + (f"-{run[-1]['position']}" if len(run) > 1 else "")
+            out.append(f"  {where:>7}  client    as sent: {_client_span(run)}")
+            for r in run:
+                if "message" in r:
+                    out.extend(_quoted(_text(r["message"]), _CLIENT_LINES))
+            run.clear()
+
+    for m in data["messages"]:
+        if m["source"] == "client":
+            run.append(m)
+            continue
+        flush()
+        replaced = m.get("replaces") or []
+        what = ("in place of client " + _client_span(replaced)) if replaced else "inserted"
+        if m["kind"] == "dropped":
+            out.append(f"  {'-':>7}  dropped   client {_client_span(replaced)}, not sent")
+            continue
+        marker = ", cache marker" if m.get("cache_marker") else ""
+        out.append(f"  {m['position']:>7}  {m['kind']:<8}  {m['role']}, {_num(m['tokens'])} tokens, {what}{marker}")
+        out.extend(_quoted(_text(m["message"])) if m.get("message") is not None else ["      | (text not recorded)"])
+    flush()
+    if tools["sent"] != tools["client"]:
+        out += ["", f"tools: the client's {tools['client']} ({_num(tools['client_tokens'])} tokens), sent "
+                    f"{tools['sent']} ({_num(tools['sent_tokens'])} tokens)"]
+    if data.get("fields"):
+        out += ["", "fields the proxy added: " + ", ".join(f"{k}={v!r}" for k, v in data["fields"].items())]
+    for i, rnd in enumerate(data.get("rounds") or [], 1):
+        u = rnd.get("usage") or {}
+        out += ["", f"hidden read-back round {i}: billed prompt {_num(u.get('prompt'))}, completion "
+                    f"{_num(u.get('completion'))}, cached {_num(u.get('cached'))}"]
+        for call in rnd["calls"]:
+            out.append(f"  model called {call['name']}({call['arguments']})")
+        for a in rnd["answers"]:
+            out.append(f"  proxy answered ({_num(a['tokens'])} tokens): {a['head']}")
+    return out
 
 
 def _stats(args: argparse.Namespace) -> None:
@@ -238,12 +344,19 @@ def _stats(args: argparse.Namespace) -> None:
         headers["authorization"] = f"Bearer {args.api_key}"
     authed = bool(token or args.api_key)
     with httpx.Client(headers=headers, timeout=10, follow_redirects=False) as client:
+        if args.request and not args.session:
+            raise _Failure("--request needs --session: the session the request belongs to")
         if args.session:
             from urllib.parse import quote
 
             # `/` encoded too (an id may hold it), and `.`: an id `.` or `..` is never a dot segment
-            data = _fetch(client, url, "/ctx/v1/sessions/" + quote(args.session, safe="").replace(".", "%2E"), authed)
-            text = _session_lines(data) if not args.json else None
+            path = "/ctx/v1/sessions/" + quote(args.session, safe="").replace(".", "%2E")
+            if args.request:
+                data = _fetch(client, url, path + "/requests/" + quote(args.request, safe=""), authed)
+                text = _request_lines(data) if not args.json else None
+            else:
+                data = _fetch(client, url, path, authed)
+                text = _session_lines(data) if not args.json else None
         else:
             stats = _fetch(client, url, "/ctx/v1/stats", authed)
             if args.json:

@@ -122,7 +122,7 @@ class ServerSettings(_Strict):
 
 class LoggingSettings(_Strict):
     level: str = "info"
-    # Message content never reaches the log unless this is switched on.
+    # The client's message content never reaches the log or the inspector's record unless this is on.
     log_content: bool = False
 
     @field_validator("level")

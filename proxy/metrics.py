@@ -92,6 +92,16 @@ class Metrics:
         self.offloads = Counter("ctxproxy_offloads", "Messages offloaded (first time)", rm, registry=r)
         self.compactions = Counter("ctxproxy_compactions", "Compactions by layer", (*rm, "layer"), registry=r)
         self.saved = Counter("ctxproxy_tokens_saved", "Prompt tokens removed by the proxy", (*rm, "by"), registry=r)
+        self.client_tokens = Counter("ctxproxy_client_prompt_tokens", "Prompt tokens as the client sent them "
+                                     "(proxy's count; requests the provider accepted)", rm, registry=r)
+        self.sent_tokens = Counter("ctxproxy_sent_prompt_tokens", "Prompt tokens as sent upstream (proxy's count; "
+                                   "requests the provider accepted): saved = client - sent", rm, registry=r)
+        self.read_rounds = Counter("ctxproxy_read_rounds", "Hidden context_read rounds the proxy answered", rm,
+                                   registry=r)
+        self.handles_given = Counter("ctxproxy_handles_given", "Offload and cleared handles first put in a prompt",
+                                     rm, registry=r)
+        self.handles_read = Counter("ctxproxy_handles_read", "Of those, handles the model read back (first read)",
+                                    rm, registry=r)
         self.breaks = Counter("ctxproxy_cache_breaks", "Cached prefixes broken, by cause", (*rm, "cause"), registry=r)
         self.degraded = Counter("ctxproxy_degraded_requests", "Requests forwarded unmodified: store down", rm,
                                 registry=r)

@@ -1,8 +1,15 @@
-"""What the proxy did to a request, as response headers and log fields."""
+"""What the proxy did to a request, as response headers and log fields.
+
+Headers say what *this* request did (`-offloaded-new`, `-tokens-saved`,
+`-compacted`) apart from what is in effect in it (`-offloaded`: the offload
+placeholders it carries, most of them written by earlier requests); they come
+from the request's Figures, as the timeline and the counters do.
+"""
 
 from __future__ import annotations
 
 from proxy.conversation import Conversation
+from proxy.figures import Figures
 from proxy.prefix_check import PrefixCheck
 
 
@@ -11,21 +18,22 @@ def event_fields(conv: Conversation) -> dict[str, object]:
     return {"events": kinds} if kinds else {}
 
 
-def event_headers(conv: Conversation, check: PrefixCheck | None = None) -> dict[str, str]:
+def event_headers(conv: Conversation, figures: Figures, check: PrefixCheck | None = None) -> dict[str, str]:
     out = {}
-    offloads = [e for e in conv.events if e.kind == "offload"]
-    if offloads:
-        out["x-ctxproxy-offloaded"] = str(len(offloads))
-        out["x-ctxproxy-tokens-saved"] = str(sum(e.detail["saved"] for e in offloads))
+    if figures.placeholders or figures.offloads_new:
+        out["x-ctxproxy-offloaded"] = str(figures.placeholders)
+        out["x-ctxproxy-offloaded-new"] = str(len(figures.offloads_new))
+    out["x-ctxproxy-tokens-saved"] = str(figures.saved)
+    if figures.compacted:
+        d = figures.compaction_detail
+        out["x-ctxproxy-compacted"] = figures.compacted
+        out["x-ctxproxy-tokens-before"] = str(d["before"])
+        out["x-ctxproxy-tokens-after"] = str(d["after"])
+        if d.get("summary_rejected"):  # why the compaction fell back from a summary
+            out["x-ctxproxy-summary-rejected"] = _header_text(d["summary_rejected"])
     for e in conv.events:
         if e.kind == "compaction":
             out["x-ctxproxy-compaction"] = str(e.detail["version"])
-        elif e.kind == "compact":
-            out["x-ctxproxy-compacted"] = e.detail["layer"]
-            out["x-ctxproxy-tokens-before"] = str(e.detail["before"])
-            out["x-ctxproxy-tokens-after"] = str(e.detail["after"])
-            if e.detail.get("summary_rejected"):  # why the compaction fell back from a summary
-                out["x-ctxproxy-summary-rejected"] = _header_text(e.detail["summary_rejected"])
         elif e.kind == "degraded":
             out["x-ctxproxy-degraded"] = "store-unavailable"
         elif e.kind == "status":

@@ -32,7 +32,8 @@ class ProxyState:
         pipelines = {r.name: build_pipeline(r) for r in settings.routes}
         metrics = Metrics(settings)
         return cls(settings=settings, upstream=upstream, store=store, windows=LearnedWindows(store),
-                   metrics=metrics, accounting=Accountant(store, metrics), pipelines=pipelines)
+                   metrics=metrics, accounting=Accountant(store, metrics, settings.logging.log_content),
+                   pipelines=pipelines)
 
 
 def state_of(request: Request) -> ProxyState:

@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from proxy.accounting import FIELDS, HOUR, stats_prefix
+from proxy.accounting import FIELDS, HOUR, derived, stats_prefix
 from proxy.store import Store
 
 WINDOWS = {"last_hour": 2, "last_day": 25}  # hourly buckets summed: this hour and the ones before it
@@ -27,7 +27,7 @@ def _derived(t: dict[str, float]) -> dict[str, Any]:
     own_uncached = out["own_prompt"] - out["own_cached"]
     out["effective_cost"] = round(prompt - cached + CACHED_PRICE * cached + own_uncached
                                   + CACHED_PRICE * out["own_cached"], 1)
-    out["saved_tokens"] = out["saved_offload"] + out["saved_compress"]
+    out.update(derived(out))
     return out
 
 

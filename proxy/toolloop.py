@@ -46,10 +46,12 @@ class Rounds:
         self.messages = list(conv.messages)
         self.done = 0  # rounds answered by the proxy
         self.own: Usage | None = None  # usage of the provider calls the client never saw
+        self.usages: list[Usage] = []  # each of those calls' usage, as reported (summed for the client)
 
     def add_own(self, usage: Usage | None) -> None:
         if usage is not None:
             self.own = usage if self.own is None else self.own + usage
+            self.usages.append(usage)
 
     @property
     def last(self) -> bool:

@@ -8,7 +8,7 @@ Some add cache_write_tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -18,6 +18,7 @@ class Usage:
     completion: int
     cached: int | None  # None: the provider did not say
     cache_write: int | None = None
+    raw: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # as the provider spelled it
 
     def __add__(self, other: Usage) -> Usage:
         def add(a: int | None, b: int | None) -> int | None:
@@ -56,7 +57,34 @@ def parse_usage(usage: Any) -> Usage | None:
             prompt = (hit or 0) + (_int(usage.get("prompt_cache_miss_tokens")) or 0)
     if prompt is None:
         prompt = _int(usage.get("input_tokens")) or 0
-    return Usage(prompt=prompt, completion=completion, cached=cached, cache_write=write)
+    return Usage(prompt=prompt, completion=completion, cached=cached, cache_write=write, raw=usage)
+
+
+def summed(usages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Usage objects of several provider calls added up in the provider's own spelling.
+
+    Every number is summed wherever it sits (prompt, completion, total, cached,
+    reasoning, cache reads and writes), nested objects field by field; anything
+    else keeps the last call's value. The last call's key order is kept.
+    """
+    out: dict[str, Any] = {}
+    for u in usages:
+        for k, v in u.items():
+            old = out.get(k)
+            if _number(v) and _number(old):
+                out[k] = old + v
+            elif isinstance(v, dict) and isinstance(old, dict):
+                out[k] = summed([old, v])
+            elif v is None and old is not None:
+                continue  # a call that did not say keeps what the others said
+            else:
+                out[k] = v
+    last = usages[-1] if usages else {}
+    return {**{k: out[k] for k in last}, **out}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def usage_of_body(data: Any) -> Usage | None:

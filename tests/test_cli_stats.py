@@ -94,6 +94,11 @@ def test_stats_prints_the_figures_the_proxy_serves(proxy, upstream):
     assert total(out, "cache efficiency") == pct(t["efficiency"])
     assert total(out, "effective cost") == f"{n(t['effective_cost'], 1)} token units"
     assert total(out, "cache breaks") == "1"
+    assert total(out, "tokens saved") == (f"{n(t['saved_tokens'])} (offload {n(t['saved_offload'])}, compression "
+                                          f"{n(t['saved_compress'])}, added by the proxy -{n(t['added_tokens'])})")
+    assert t["saved_tokens"] == t["client_tokens"] - t["sent_tokens"] < 0  # nothing to offload: the read tool costs
+    assert total(out, "offloads") == "0" and total(out, "compactions") == "0"
+    assert total(out, "read back") == "0 of 0 handles given, in 0 hidden rounds"
 
     groups = rows(out, "by route and model (last day)")
     assert len(groups) == len(stats["groups"]) == 2
@@ -106,7 +111,8 @@ def test_stats_prints_the_figures_the_proxy_serves(proxy, upstream):
     sessions = rows(out, "recent sessions")
     assert [s[0] for s in sessions] == [s["session"] for s in listed]
     for row, s in zip(sessions, listed):
-        assert row[1:6] == [s["model"], n(s["requests"]), n(s["prompt"]), n(s["cached"]), n(s["breaks"])]
+        assert row[1:8] == [s["model"], n(s["requests"]), n(s["prompt"]), n(s["cached"]), n(s["breaks"]),
+                            n(s["offloads"]), n(s["saved_tokens"])]
         assert row[-1] == (s["last_break"] or "-")
     assert next(s for s in sessions if s[0] == session)[-1] == "system prompt changed"
 
@@ -126,10 +132,12 @@ def test_stats_prints_the_figures_the_proxy_serves(proxy, upstream):
     timeline = httpx.get(f"{proxy.url}/ctx/v1/sessions/{session}", headers={"x-ctx-admin-token": "s3cret"}).json()
     lines = r.stdout.splitlines()
     assert lines[0].startswith(f"session {session}: route default, model gpt-4o, 3 requests")
-    table = [re.split(r"\s{2,}", x.strip()) for x in lines[3:]]
+    assert lines[1].startswith("offloads 0, compactions 0, tokens saved ")
+    table = [re.split(r"\s{2,}", x.strip()) for x in lines[4:]]
     assert len(table) == 3
     for cells, req in zip(table, timeline["requests"]):
         assert cells[2:6] == ["200", n(req["prompt"]), n(req["cached"]), n(req["cacheable"])]
+        assert cells[8] == n(req["saved"]) and req["saved"] == req["client_tokens"] - req["sent_tokens"]
     assert [c[-1] for c in table] == ["-", "-", "system prompt changed"]
 
     r = cli("--url", proxy.url, "--session", "no-such-session", "--token", "s3cret")

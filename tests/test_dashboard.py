@@ -280,3 +280,59 @@ def test_dashboard_is_one_self_contained_page(upstream, tmp_path):
     for element_id in ("hit-rate", "efficiency", "requests", "saved-tokens", "effective-cost", "breaks", "chart",
                        "groups", "sessions", "timeline", "auth-error"):
         assert f'id="{element_id}"' in page
+
+
+def _inspector_rows(dom: str) -> dict[int, tuple[str, str]]:
+    """position -> (kind, text shown) of each message the proxy wrote, from the inspector card."""
+    card = dom[dom.index('id="inspector-rows"'):]
+    card = card[:card.index("</tbody>")]
+    out = {}
+    for kind, pos, row in re.findall(r'<tr data-kind="(\w+)" data-position="(\d+)">(.*?)</tr>', card, re.S):
+        pre = re.search(r"<pre>(.*?)</pre>", row, re.S)
+        out[int(pos)] = (kind, html.unescape(pre.group(1)) if pre else "")
+    return out
+
+
+def test_dashboard_shows_the_crafted_figures_and_what_went_upstream(chromium, upstream, tmp_path):
+    import crafted
+
+    def make(defaults: dict, name: str) -> ProxyServer:
+        return ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/{name}.db", defaults=defaults,
+                                         models={crafted.MODEL: {"context_window": crafted.WINDOW}}))
+
+    session = f"crafted-{uuid.uuid4().hex[:8]}"
+    with make(crafted.DEFAULTS, "figures") as p:
+        run = crafted.drive(p.url, upstream, "sk-dashboard", session)
+        sent = upstream.requests[-1].json
+        dom = dump_dom(chromium, f"{p.url}/ctx/ui#window=all&session={session}&request=3", tmp_path)
+    upstream.reset()
+    with make(crafted.INSPECT_DEFAULTS, "summary") as p:
+        agent = crafted.drive_summary(p.url, upstream, "sk-dashboard", session)
+        summary_dom = dump_dom(chromium, f"{p.url}/ctx/ui#session={session}&request=2", tmp_path)
+
+    assert 'data-state="ready"' in dom
+    # the tiles: the crafted session's known figures
+    assert text_of(dom, "offloads") == "3" and text_of(dom, "compactions") == "1"
+    assert text_of(dom, "saved-tokens") == num(run.total("saved"))
+    assert text_of(dom, "saved-offload") == num(run.total("offload"))
+    assert text_of(dom, "saved-compress") == num(run.total("compress"))
+    assert text_of(dom, "saved-added") == num(run.total("added"))
+    assert text_of(dom, "readback") == "0/7"
+    # the timeline: offloaded by the request / in effect, and what each request saved
+    timeline = section(dom, "timeline")
+    rows = re.findall(r"<tr[^>]*data-request=.*?</tr>", timeline, re.S)
+    assert len(rows) == 3 and 'class="selected"' in rows[2]
+    for row, offl, want in zip(rows, ("2/2", "1/3", "0/3"), run.expected):
+        assert f">{offl}<" in row and f">{num(want.saved)}<" in row
+    # the inspector: every message the proxy wrote, in place, with the text that was sent
+    shown = _inspector_rows(dom)
+    written = {i: m for i, m in enumerate(sent["messages"]) if str(m["content"]).startswith(("[ctxproxy:", "<agent_status>"))}
+    assert shown.keys() == written.keys()
+    assert sorted(k for k, _ in shown.values()) == ["cleared"] * 4 + ["offload"] * 3 + ["status"] * 3
+    for pos, (kind, text) in shown.items():
+        assert text == written[pos]["content"], (pos, kind)
+    # and a summary, as it was sent
+    shown = _inspector_rows(summary_dom)
+    kinds = {pos: kind for pos, (kind, _) in shown.items()}
+    assert kinds == {2: "summary", len(agent[1]["messages"]) - 1: "status"}
+    assert shown[2][1] == agent[1]["messages"][2]["content"] and crafted.SUMMARY in shown[2][1]

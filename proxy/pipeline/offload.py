@@ -182,14 +182,16 @@ class Offload:
         events = []
         for j in compress(count(), map(operator.is_not, decisions, repeat(False))):  # not those known to stay
             (i, handle, text, what), decision = found[j], decisions[j]
+            new = False  # whether this request stored the content (offloads are counted once, by that request)
             if decision is None:
-                decision = await self._decide(archive, conv, messages[i], handle, text, what, read_name, ctx.window)
+                decision, new = await self._decide(archive, conv, messages[i], handle, text, what, read_name,
+                                                   ctx.window)
                 self._remember(ctx.tenant, handle, decision or False)
                 if not decision:
                     continue
             messages[i] = _with_placeholder(messages[i], decision["placeholder"])
             events.append(Event("offload", {"handle": handle, "tokens": decision["tokens"],
-                                            "saved": decision["tokens"] - decision["preview_tokens"]}))
+                                            "saved": decision["tokens"] - decision["preview_tokens"], "new": new}))
         if events:
             conv.set_messages(messages)
             conv.events.extend(events)
@@ -260,7 +262,9 @@ class Offload:
         return known
 
     async def _decide(self, archive: Archive, conv: Conversation, message: dict[str, Any], handle: str, text: str,
-                      what: str, read_name: str, window: int) -> dict[str, Any] | None:
+                      what: str, read_name: str, window: int) -> tuple[dict[str, Any] | None, bool]:
+        """The decision that stands for this content, and whether this call recorded it (False when another
+        request or replica recorded one first)."""
         s = self.settings
         if message.get("role") == "user":  # the task itself: offloaded only when truly huge for the window
             limit = min(s.user_message_tokens, int(window * s.max_window_share * _USER_SHARE_FACTOR))
@@ -270,16 +274,17 @@ class Offload:
         model = conv.body.get("model")
         tokens = default_counter.count_message(message, model)
         if tokens <= limit:
-            return None
+            return None, False
         shape = PreviewShape(s.preview_head_lines, s.preview_tail_lines, s.preview_line_chars, s.preview_max_share)
         placeholder = build_placeholder(text, what=what, handle=handle, tool=read_name, tokens=tokens, shape=shape,
                                         count=lambda t: default_counter.count_text(t, model))
         if placeholder is None:
-            return None
+            return None, False
         await archive.put_text(handle, text)
         decision = {"placeholder": placeholder, "tokens": tokens,
                     "preview_tokens": default_counter.count_text(placeholder, model)}
-        return await archive.record(DECISION_KIND, handle, decision)
+        stands = await archive.record(DECISION_KIND, handle, decision)
+        return stands, stands is decision
 
     def _remember(self, tenant: str, handle: str, decision: dict[str, Any] | bool) -> None:
         self._decided[(tenant, handle)] = decision
