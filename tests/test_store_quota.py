@@ -70,7 +70,8 @@ def stored_bytes(store_url: str, key: str) -> int:
 def test_tenant_over_its_quota_loses_its_oldest_stored_text_first(upstream, store_url):
     a, b = f"sk-a-{uuid.uuid4()}", f"sk-b-{uuid.uuid4()}"  # fresh tenants: nothing stored before
     settings = make_settings(upstream.base_url, store_url, store_quota_bytes=QUOTA,
-                             defaults={"offload": {"tool_result_tokens": 300}})
+                             # no status bar: its clock lines would make the re-sent request differ by the second
+                             defaults={"offload": {"tool_result_tokens": 300}, "status_bar": {"enabled": False}})
     with ProxyServer(settings) as p:
         theirs = [offload(p, upstream, b, f"b-{i}")[0] for i in range(2)]
         ours = [offload(p, upstream, a, f"a-{i}") for i in range(6)]

@@ -200,29 +200,36 @@ class Compress:
         # Every result must leave room to grow, or the next request compacts (and breaks the cache) again.
         room = room_after(s, ctx.window)
         why: dict[str, Any] = {}
-        if s.summary and s.precompute and (ready := await self.precomputer.ready(conv, ctx, log, view)):
+        ready = await self.precomputer.ready(conv, ctx, log, view) if s.summary and s.precompute else None
+        if ready is not None:
             layer2 = View(msgs[:h] + [ready.message] + msgs[ready.upto:],
                           counts[:h] + default_counter.message_counts([ready.message], model) + counts[ready.upto:],
                           h + 1, view.raw_index(ready.upto), view.version)
             if sum(layer2.counts) + fixed <= room:
                 return layer2, "summary", {"summarized": ready.upto - h, "summary_calls": ready.usage,
                                            "precomputed": True}
+            event("precomputed summary leaves no room; summarizing the current span", request_id=ctx.request_id,
+                  session=ctx.session, tokens=sum(layer2.counts) + fixed, room=room)
+            # its call was made and billed all the same: this request accounts for it
+            why = {"summary_calls": list(ready.usage)}
         if s.summary and not await ctx.store.get(log.breaker):
             try:
                 summary, usage, _ = await self.summary_for(conv, ctx, archive, h, t, view, tool)
                 head = msgs[:h] + [summary]
                 layer2 = with_tail(head, counts[:h] + default_counter.message_counts([summary], model))
+                earlier = why.get("summary_calls", [])
                 if sum(layer2.counts) + fixed <= room:
-                    return layer2, "summary", {"summarized": len(span), "summary_calls": usage}
-                why = {"summary_rejected": "the summary leaves no room under the trigger", "summary_calls": usage}
+                    return layer2, "summary", {"summarized": len(span), "summary_calls": earlier + usage}
+                why = {"summary_rejected": "the summary leaves no room under the trigger",
+                       "summary_calls": earlier + usage}
                 event("summary leaves no room under the trigger; archiving instead", request_id=ctx.request_id)
             except SummaryRejected as e:
-                why = {"summary_rejected": e.reason, "summary_calls": e.usage}
+                why = {"summary_rejected": e.reason, "summary_calls": why.get("summary_calls", []) + e.usage}
                 event("summary rejected; falling back", request_id=ctx.request_id, session=ctx.session,
                       reason=e.reason)
                 await ctx.store.put(log.breaker, b"1", ttl=s.breaker_cooldown)
             except SummarizerError as e:
-                why = {"summary_rejected": str(e)}
+                why = {**why, "summary_rejected": str(e)}
                 event("summarizer failed; falling back", request_id=ctx.request_id, session=ctx.session, error=str(e))
                 await ctx.store.put(log.breaker, b"1", ttl=s.breaker_cooldown)
         if n and sum(layer1.counts) + fixed <= room:  # over target but with room: forward without a summary
