@@ -141,6 +141,9 @@ class MockUpstream:
             self.report_cached = True
             self.cache_ttl: float | None = None
             self.delay = 0.0
+            # per request: seconds to wait before answering a non-streaming request, from its parsed body
+            # (e.g. only the proxy's summary calls slow); added to `delay`
+            self.delay_for: Callable[[Any], float] | None = None
             self.shards = 1  # cache machines; >1 makes prompt_cache_key matter
             self.breakpoint_models: list[str] = []  # model globs that cache only at marked breakpoints
             self._routed = 0
@@ -189,8 +192,16 @@ class MockUpstream:
         with self._lock:
             self.requests.append(rec)
             failure = self._failures.popleft() if self._failures else None
-            delay, chunk_delay = self.delay, self.chunk_delay
+            delay, chunk_delay, delay_for = self.delay, self.chunk_delay, self.delay_for
         streaming = isinstance(parsed, dict) and parsed.get("stream") is True and not failure
+        if delay_for is not None and not streaming:
+            try:
+                extra = float(delay_for(parsed))
+            except Exception:
+                self.errors.append(traceback.format_exc())
+                extra = 0.0
+            if extra > 0:
+                await asyncio.sleep(extra)
         if delay and not streaming:
             await asyncio.sleep(delay)
         try:
