@@ -208,6 +208,14 @@ class Compress:
             if sum(layer2.counts) + fixed <= room:
                 return layer2, "summary", {"summarized": ready.upto - h, "summary_calls": ready.usage,
                                            "precomputed": True}
+            if ready.upto < t:  # what arrived since the summary was made: its tool results cleared, losslessly
+                cleared, cleared_counts, n = await self._clear(msgs[:t], counts[:t], ready.upto, archive, tool, model)
+                head = msgs[:h] + [ready.message] + cleared[ready.upto:t]
+                head_counts = layer2.counts[:h + 1] + cleared_counts[ready.upto:t]
+                both = with_tail(head, head_counts)
+                if n and sum(both.counts) + fixed <= room:
+                    return both, "summary", {"summarized": ready.upto - h, "cleared": n,
+                                             "summary_calls": ready.usage, "precomputed": True}
             event("precomputed summary leaves no room; summarizing the current span", request_id=ctx.request_id,
                   session=ctx.session, tokens=sum(layer2.counts) + fixed, room=room)
             # its call was made and billed all the same: this request accounts for it
