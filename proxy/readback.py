@@ -136,7 +136,10 @@ def compile_pattern(pattern: str) -> Any:
     try:
         re.compile(pattern)  # compiling never backtracks; only matching does
     except (re.error, RecursionError, OverflowError, ValueError):
-        return re2.compile(b"(?m)" + re2.escape(source), _RE2_OPTIONS)  # not a regex at all: a literal, as ever
+        try:  # not a regex at all: searched as a literal, as ever
+            return re2.compile(b"(?m)" + re2.escape(source), _RE2_OPTIONS)
+        except re2.error:
+            pass
     return f"error: pattern not supported: {reason} ({UNSUPPORTED})"
 
 

@@ -76,3 +76,13 @@ def test_placeholders_are_byte_for_byte_what_splitting_gave(text, head, tail, ch
     shape = PreviewShape(head, tail, chars, 0.99)
     got = build_placeholder(text, what="t", handle="h", tool="r", tokens=1000, shape=shape, count=lambda _: 0)
     assert got == splitlines_placeholder(text, head, tail, chars)
+
+
+def test_a_pattern_that_is_no_regex_is_searched_as_a_literal_and_nothing_raises():
+    from proxy.readback import respond
+
+    text = "a foo( b\n[x\nfoo"
+    assert respond(text, {"pattern": "foo("}, 1000, "h") == "[h: 1 lines match 'foo('; showing 1 from match 0]\n0: a foo( b"
+    assert respond(text, {"pattern": "[x"}, 1000, "h").endswith("\n1: [x")
+    for pattern in ("\ud800(", "(?P<n>a)(?P=n)", "a{2,1}", "x" * 600, "(?<=a)b", "\\Z"):
+        assert isinstance(respond(text, {"pattern": pattern}, 1000, "h"), str)
