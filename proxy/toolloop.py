@@ -20,7 +20,6 @@ import orjson
 from proxy.archive import Archive
 from proxy.conversation import Conversation, ReadTool
 from proxy.errors import ProxyError
-from proxy.jsonio import JsonStyle
 from proxy.readback import answer
 from proxy.sse import event_data, is_usage_chunk, split_events
 from proxy.usage import Usage, parse_usage, usage_of_body
@@ -34,7 +33,7 @@ class Rounds:
 
     def __init__(self, conv: Conversation, tool: ReadTool, archive: Archive) -> None:
         self.conv, self.tool, self.archive = conv, tool, archive
-        self.style = JsonStyle.sniff(conv.raw)
+        self.style = conv.style
         self.messages = list(conv.messages)
         self.done = 0  # rounds answered by the proxy
         self.own: Usage | None = None  # usage of the provider calls the client never saw
