@@ -168,6 +168,20 @@ async def run(proxy_base: str, auth: dict[str, str], small: bytes, closed_loop: 
     return {"handle": handle, "kinds": kinds, "neighbour": neighbour_done, "config": cfg}
 
 
+def big_overheads(log_path: str) -> list[float]:
+    """overhead_ms (request received until sent upstream) of the neighbour's 10 MB requests, from the proxy's log."""
+    out = []
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if row.get("msg") == "request" and row.get("bytes_in", 0) >= BIG_CHARS and "overhead_ms" in row:
+                out.append(float(row["overhead_ms"]))
+    return out
+
+
 def report(res: dict[str, Any], pct: Any) -> list[str]:
     cfg = res["config"]
     out = [f"Hostile neighbour: small non-streaming requests, closed loop at {cfg['concurrency']} concurrent, "
@@ -187,4 +201,8 @@ def report(res: dict[str, Any], pct: Any) -> list[str]:
     out.append("  the neighbour, meanwhile (requests answered, median seconds each):")
     for kind, times in sorted(res["neighbour"].items()):
         out.append(f"    {kind:<26}{len(times):>4}  {pct(times, 0.5):8.2f} s")
+    big = res.get("big_overhead_ms") or []
+    if big:
+        out.append(f"  the proxy's own overhead_ms on the 10 MB requests (received -> sent upstream, its log): "
+                   f"median {pct(big, 0.5):,.0f}, max {max(big):,.0f} ({len(big)} requests)")
     return out

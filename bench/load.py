@@ -1216,6 +1216,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.keep_log:  # PATH for the first proxy, PATH.2 for the phase-3 one
                 shutil.copyfile(path, args.keep_log + (f".{i + 1}" if i else ""))
         res["proxy_log_warnings"] = warnings
+        if args.hostile and procs.logs:
+            res["hostile"]["big_overhead_ms"] = hostile.big_overheads(procs.logs[0])
     text = report(res)
     if res["proxy_log_warnings"]:
         text += f"\nnote: {res['proxy_log_warnings']} warning/error/unparsed lines in the proxy's log"
