@@ -40,6 +40,10 @@ Phases:
    (``/proc/<pid>/status`` VmRSS) is sampled every second: peak (also VmHWM),
    mean of the first and last thirds, and the least-squares slope in MB/min.
 
+``--hostile`` runs, instead of the three phases, the hostile-neighbour comparison of
+``bench/hostile.py`` (small requests with and without a client that sends 10 MB
+single-letter tool results and pathological read-back patterns; about a minute).
+
 Targets (issue 7), checked and printed, never asserted: >= 500 requests/s of small
 non-streaming requests with zero errors, all 200 concurrent streams complete, RSS
 under 300 MB, memory flat over the long run (last third's mean within 5 MB of the
@@ -48,7 +52,7 @@ first third's).
 Every phase is bounded by a duration and a request count, every request by a
 timeout, the whole run by ``--max-seconds``; the benchmark stops by itself.
 
-Usage: ``python bench/load.py [--quick] [--json PATH] [--md PATH]`` from the repo root.
+Usage: ``python bench/load.py [--quick | --hostile] [--json PATH] [--md PATH]`` from the repo root.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ for _p in (ROOT, HERE):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+import hostile  # noqa: E402
 from overhead import Processes, machine_facts, wait_healthy  # noqa: E402
 
 MODEL = "gpt-4o"
@@ -190,6 +195,9 @@ def serve_mock() -> int:
 
     class LoadMock(MockUpstream):
         def _next_reply(self, body: dict[str, Any]) -> ms.Reply:
+            neighbour = hostile.mock_reply(body.get("messages") or [])
+            if neighbour is not None:
+                return neighbour
             if not body.get("tools"):
                 return ms.Reply(ANSWER)
             n = len(body.get("messages") or ())
@@ -434,8 +442,10 @@ def session_for(limit: int) -> Any:
 
 
 async def closed_loop(url: str, body: bytes, concurrency: int, warmup: float, duration: float,
-                      procs: Processes) -> dict[str, Any]:
-    """`concurrency` workers, each sending the next request when its last one is answered."""
+                      procs: Processes, keep: bool = False) -> dict[str, Any]:
+    """`concurrency` workers, each sending the next request when its last one is answered.
+
+    `keep`: the result also carries every latency (ms) under "latencies"."""
     run = Run()
     cpu = Cpu(procs)
     count = 0
@@ -470,7 +480,7 @@ async def closed_loop(url: str, body: bytes, concurrency: int, warmup: float, du
             "min_1s_rps": min(full_seconds) if full_seconds else 0, "max_1s_rps": max(full_seconds, default=0),
             "errors": sum(run.errors.values()), "error_kinds": dict(run.errors),
             "p50": pct(run.lat, 0.5), "p99": pct(run.lat, 0.99), "max": max(run.lat, default=float("nan")),
-            "cpu": usage}
+            "cpu": usage, **({"latencies": run.lat} if keep else {})}
 
 
 async def one_stream(session: Any, url: str, body: bytes) -> dict[str, Any]:
@@ -745,6 +755,23 @@ def _short_frame(frame: str) -> str:
 
 # --------------------------------------------------------------------------- the run
 
+async def run_hostile(args: argparse.Namespace, procs: LoadProcesses) -> dict[str, Any]:
+    """`--hostile`: only the hostile-neighbour comparison (bench/hostile.py), on one proxy."""
+    import orjson
+
+    procs.start_mock()
+    proxy_url = await procs.start_healthy_proxy()
+    procs.mock_command(cmd="set", delay=args.delay, chunk_delay=args.chunk_delay)
+    idle = Cpu(procs)
+    idle.start()
+    await asyncio.sleep(2.0)
+    res: dict[str, Any] = {"idle_check": idle.stop()}
+    cfg = {"concurrency": args.hostile_concurrency, "duration": args.hostile_duration, "rounds": args.hostile_rounds}
+    small = orjson.dumps({"model": MODEL, "messages": SMALL_MESSAGES})
+    res["hostile"] = await hostile.run(proxy_url, AUTH, small, closed_loop, procs, cfg)
+    return res
+
+
 async def run(args: argparse.Namespace, procs: LoadProcesses, cfg: dict[str, Any]) -> dict[str, Any]:
     import orjson
 
@@ -929,12 +956,13 @@ async def run(args: argparse.Namespace, procs: LoadProcesses, cfg: dict[str, Any
 
 # --------------------------------------------------------------------------- report
 
-def report(res: dict[str, Any]) -> str:
+def header(res: dict[str, Any], proxy_note: str) -> list[str]:
+    """The run's facts: command, proxy, date, machine, versions, how quiet the machine was, the mock."""
     out: list[str] = []
     w = out.append
     m = res["machine"]
     w(f"command:  {res['command']}")
-    w(f"proxy:    {res['proxy_command']}  (phase 3: a fresh one, same command, store and log in a subdirectory)")
+    w(f"proxy:    {res['proxy_command']}{proxy_note}")
     w(f"date:     {res['date']}; repo {m['git']}")
     w(f"machine:  {m['cpu_count']} CPUs ({m['cpu_model']}), shared by client, proxy and mock; "
       f"{m['implementation']} {m['python']}, {m['platform']}, load avg at start {m['loadavg_at_start']}")
@@ -945,6 +973,14 @@ def report(res: dict[str, Any]) -> str:
     w(f"mock:     {res['delay_ms']:.0f} ms before answering / before the first stream chunk, "
       f"{res['chunk_delay_ms']:.0f} ms between stream chunks; mode {res['mode']}")
     w("")
+    return out
+
+
+def report(res: dict[str, Any]) -> str:
+    if "hostile" in res:
+        return "\n".join(header(res, "") + hostile.report(res["hostile"], pct))
+    out = header(res, "  (phase 3: a fresh one, same command, store and log in a subdirectory)")
+    w = out.append
     p1 = res.get("phase1") or []
     if p1:
         dur = p1[0]["seconds"]
@@ -1098,6 +1134,14 @@ def targets(res: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="5 s per phase-1 run, 1 stream round, 15 s long run")
+    ap.add_argument("--hostile", action="store_true", help="only the hostile-neighbour comparison (bench/hostile.py, "
+                                                           "about a minute)")
+    ap.add_argument("--hostile-concurrency", type=int, default=hostile.DEFAULTS["concurrency"],
+                    help="small requests in flight in the hostile run (8)")
+    ap.add_argument("--hostile-duration", type=float, default=hostile.DEFAULTS["duration"],
+                    help="seconds per quiet or hostile run (12)")
+    ap.add_argument("--hostile-rounds", type=int, default=hostile.DEFAULTS["rounds"],
+                    help="quiet + hostile pairs (2)")
     ap.add_argument("--concurrency", default="16,64,128", help="phase-1 levels (default 16,64,128)")
     ap.add_argument("--duration", type=float, help="seconds per phase-1 run (15; quick 5)")
     ap.add_argument("--streams", type=int, default=TARGET_STREAMS, help="concurrent streams in phase 2")
@@ -1144,10 +1188,13 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_facts(), "client_loop": client_loop, "mode": "quick" if args.quick else "full",
         "config": cfg, "delay_ms": args.delay * 1000, "chunk_delay_ms": args.chunk_delay * 1000,
     }
+    if args.hostile:
+        res["mode"] = "hostile"
     with tempfile.TemporaryDirectory(prefix="ctxproxy-load-") as tmp:
         procs = LoadProcesses(tmp, shlex.split(args.proxy_cmd) if args.proxy_cmd else None)
         try:
-            res.update(asyncio.run(asyncio.wait_for(run(args, procs, cfg), timeout=args.max_seconds)))
+            main_run = run_hostile(args, procs) if args.hostile else run(args, procs, cfg)
+            res.update(asyncio.run(asyncio.wait_for(main_run, timeout=args.max_seconds)))
         except BaseException:
             procs.stop()
             if os.path.exists(procs.proxy_log):
@@ -1169,6 +1216,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.keep_log:  # PATH for the first proxy, PATH.2 for the phase-3 one
                 shutil.copyfile(path, args.keep_log + (f".{i + 1}" if i else ""))
         res["proxy_log_warnings"] = warnings
+        if args.hostile and procs.logs:
+            res["hostile"]["big_overhead_ms"] = hostile.big_overheads(procs.logs[0])
     text = report(res)
     if res["proxy_log_warnings"]:
         text += f"\nnote: {res['proxy_log_warnings']} warning/error/unparsed lines in the proxy's log"

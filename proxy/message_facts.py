@@ -13,6 +13,9 @@ Every object whose id is a key here is held (`_alive`) for the request's
 lifetime, so an id can never be reused by another object meanwhile; lists are
 recognised by the identity of every object in them, so a list changed in place
 is never taken for the one it was.
+
+Big messages are hashed and counted off the event loop (`prepare`, before the
+transforms ask; proxy/offloop.py); small ones where they are asked for, inline.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Callable, Sequence
 from itertools import compress, count, repeat
 from typing import Any
 
+from proxy import offloop
 from proxy.tokens import default_counter, message_digest
 
 Message = dict[str, Any]
@@ -35,6 +39,30 @@ def _extends(messages: Sequence[Message], objs: Sequence[Message]) -> bool:
     n = len(objs)
     return messages is objs or (len(messages) >= n and (n == 0 or messages[n - 1] is objs[-1])
                                 and all(map(operator.is_, messages, objs)))
+
+
+def chars_of(obj: Any) -> int:
+    """Characters in the strings of a JSON value: what hashing and counting it costs, roughly."""
+    if type(obj) is str:
+        return len(obj)
+    n, stack = 0, [obj]
+    while stack:
+        o = stack.pop()
+        t = type(o)
+        if t is str:
+            n += len(o)
+        elif t is dict:
+            stack.extend(o.values())
+        elif t is list:
+            stack.extend(o)
+    return n
+
+
+def _facts_of(messages: Sequence[Message], digests: Sequence[bytes | None], model: str | None,
+              counts: bool) -> tuple[list[bytes], list[int] | None]:
+    """Digests (the known ones kept) and, with `counts`, token counts of messages: a job for the pool."""
+    out = [d if d is not None else message_digest(m) for m, d in zip(messages, digests)]
+    return out, default_counter.message_counts(messages, model, out) if counts else None
 
 
 def _spliced(base: Sequence[Any], at: Sequence[int], items: Sequence[Any]) -> list[Any]:
@@ -66,6 +94,31 @@ class MessageFacts:
             self._digests[id(message)] = d
             self._alive.append(message)
         return d
+
+    def count(self, message: Message) -> int:
+        """Tokens of one message for the request's model, once per message object."""
+        return self._count_list((message,))[0]
+
+    async def prepare(self, messages: Sequence[Message], counts: bool) -> None:
+        """Digests (and with `counts`, token counts) of the big messages among these not known yet, computed
+        off the event loop, in jobs of about offloop.JOB_CHARS awaited one by one; small ones are left for
+        when they are asked for (inline, where a thread hop would cost more than the work)."""
+        known = self._counts if counts else self._digests
+        todo = list(compress(messages, map(operator.is_, map(known.get, map(id, messages)), repeat(None))))
+        big = [(m, n) for m in todo if (n := chars_of(m)) >= offloop.INLINE_CHARS]
+        while big:
+            size, j = 0, 0
+            while j < len(big) and (j == 0 or size + big[j][1] <= offloop.JOB_CHARS):
+                size += big[j][1]
+                j += 1
+            job, big = [m for m, _ in big[:j]], big[j:]
+            digests, got = await offloop.run(_facts_of, job, list(map(self._digests.get, map(id, job))),
+                                             self._model(), counts)
+            for m, d in zip(job, digests):
+                if self._digests.setdefault(id(m), d) is d:
+                    self._alive.append(m)
+            if got is not None:
+                self._counts.update(zip(map(id, job), got))
 
     def digests(self, messages: Sequence[Message]) -> list[bytes]:
         """The digest of each message; only messages not seen before are hashed."""

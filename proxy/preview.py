@@ -5,12 +5,16 @@ placeholder (callers record it the first time and replay it anyway). Bounded:
 line count and line length are capped, and the preview shrinks until it costs
 at most `max_share` of the original, so a file of a few huge lines still gives
 a small placeholder and a placeholder is never larger than what it replaces.
+Cheap on any text: lines are found with C-speed scans (proxy/lines.py), never by
+splitting the whole text, so ten million short lines cost what one long one does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from proxy.lines import Lines
 
 READ_LIMIT_LINES = 200  # the `limit` the read-back call in a placeholder suggests
 _MIN_LINE_CHARS = 40  # below this a preview line says nothing useful
@@ -24,8 +28,10 @@ class PreviewShape:
     max_share: float  # of the original's tokens, at most
 
 
-def _cap(line: str, chars: int) -> str:
-    return line if len(line) <= chars else f"{line[:chars]}… [+{len(line) - chars:,} chars]"
+def _cap(text: str, span: tuple[int, int], chars: int) -> str:
+    start, end = span
+    n = end - start
+    return text[start:end] if n <= chars else f"{text[start:start + chars]}… [+{n - chars:,} chars]"
 
 
 def read_call(tool: str, handle: str, offset: int = 0) -> str:
@@ -34,12 +40,15 @@ def read_call(tool: str, handle: str, offset: int = 0) -> str:
 
 
 def build_placeholder(text: str, *, what: str, handle: str, tool: str, tokens: int, shape: PreviewShape,
-                      count: Callable[[str], int]) -> str | None:
-    """The placeholder, or None when no preview can be made small enough to be worth it."""
-    lines = text.splitlines() or [""]
+                      count: Callable[[str], int], approx: bool = False) -> str | None:
+    """The placeholder, or None when no preview can be made small enough to be worth it.
+
+    `approx`: `tokens` is an estimate (proxy/tokens.py, huge strings), shown as "~N tokens".
+    """
+    lines = Lines(text)
     head, tail, chars = shape.head_lines, shape.tail_lines, shape.line_chars
     while True:
-        out = _render(lines, text, what, handle, tool, tokens, head, tail, chars)
+        out = _render(lines, len(text), what, handle, tool, ("~" if approx else "") + f"{tokens:,}", head, tail, chars)
         if count(out) <= tokens * shape.max_share:
             return out
         if head + tail > 0:
@@ -50,18 +59,19 @@ def build_placeholder(text: str, *, what: str, handle: str, tool: str, tokens: i
             return None
 
 
-def _render(lines: list[str], text: str, what: str, handle: str, tool: str, tokens: int,
+def _render(lines: Lines[str], size: int, what: str, handle: str, tool: str, tokens: str,
             head: int, tail: int, chars: int) -> str:
-    n = len(lines)
-    first = lines[:head]
-    last = lines[max(head, n - tail):] if tail else []
+    n = max(lines.count, 1)  # an empty text is one empty line
+    first = lines.head(head) if lines.count else [(0, 0)][:head]
+    shown_last = max(0, min(tail, n - head))
+    last = (lines.tail(shown_last) if lines.count else [(0, 0)][:shown_last]) if tail else []
     omitted = n - len(first) - len(last)
-    out = [f"[ctxproxy: {what} stored whole ({tokens:,} tokens, {n:,} lines, {len(text):,} chars); "
+    out = [f"[ctxproxy: {what} stored whole ({tokens} tokens, {n:,} lines, {size:,} chars); "
            f"showing the first {len(first)} and last {len(last)} lines]"]
-    out += [_cap(x, chars) for x in first]
+    out += [_cap(lines.text, x, chars) for x in first]
     if omitted:
         out.append(f"[… {omitted:,} lines not shown …]")
-    out += [_cap(x, chars) for x in last]
+    out += [_cap(lines.text, x, chars) for x in last]
     out.append(f"[read more: {read_call(tool, handle, len(first))}; offset and limit count lines; "
                f'add pattern="regex" to search]')
     return "\n".join(out)

@@ -33,6 +33,18 @@ written for and an approximation elsewhere:
   :data:`TOKENS_PER_TOOL_DEFINITION` (approximation: OpenAI renders tools into
   a TypeScript-like preamble, which JSON slightly overestimates);
 * other message keys are metadata and are not counted.
+
+Huge strings
+------------
+A string over :data:`EXACT_COUNT_BYTES` of UTF-8 is not tokenized whole: its
+count is estimated from an exact count of :data:`SAMPLE_WINDOWS` windows of
+:data:`SAMPLE_CHARS` characters spread evenly over it, scaled by its length.
+Tokenizing it whole would cost seconds of CPU (tiktoken needs ~6 s for 10 MB of
+one repeated letter) and, to build the list of token ids, hold the GIL for tens
+of milliseconds; the estimate costs a bounded fraction of that and is
+deterministic: the same string gives the same count on every process.
+:func:`is_estimated` tells which strings are counted this way. Every real
+tool result and message (a long log is 50k-800k characters) is counted exactly.
 """
 
 from __future__ import annotations
@@ -51,15 +63,19 @@ from proxy.encodings import encoding_for_model
 
 __all__ = [
     "CACHE_CAPACITY",
+    "EXACT_COUNT_BYTES",
     "IMAGE_TOKENS_DEFAULT",
     "IMAGE_TOKENS_LOW_DETAIL",
     "REPLY_PRIMING_TOKENS",
+    "SAMPLE_CHARS",
+    "SAMPLE_WINDOWS",
     "TOKENS_PER_MESSAGE",
     "TOKENS_PER_NAME",
     "TOKENS_PER_TOOL_CALL",
     "TOKENS_PER_TOOL_DEFINITION",
     "TokenCounter",
     "default_counter",
+    "is_estimated",
     "message_digest",
 ]
 
@@ -75,6 +91,12 @@ IMAGE_TOKENS_LOW_DETAIL = 85
 IMAGE_TOKENS_DEFAULT = 765  # a 1024x1024 image at high detail: 85 + 4 tiles x 170
 
 CACHE_CAPACITY = 30_000  # entries; each is a (str, 16-byte digest) -> int pair
+
+# Strings up to this many bytes of UTF-8 are tokenized whole (a token is at least a byte, so its id
+# list stays under a million entries); longer ones get a sampled estimate (module docstring).
+EXACT_COUNT_BYTES = 1 << 20
+SAMPLE_WINDOWS = 16
+SAMPLE_CHARS = 8192  # 16 x 8k = 128k characters tokenized for any huge string
 
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 _IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
@@ -112,6 +134,25 @@ def message_digest(message: Mapping[str, Any]) -> bytes:
 def _json_text(obj: Any) -> str:
     # Canonical, so that a count depends only on what the digest identifies.
     return _canonical_bytes(obj).decode("utf-8", "surrogatepass")
+
+
+# --------------------------------------------------------------------------- huge strings
+
+
+def is_estimated(text: str) -> bool:
+    """Whether `text` is counted by the sampled estimate rather than tokenized whole."""
+    n = len(text)
+    if n <= EXACT_COUNT_BYTES // 4 or (n <= EXACT_COUNT_BYTES and text.isascii()):
+        return False  # at most 4 bytes a character
+    return n > EXACT_COUNT_BYTES or len(text.encode("utf-8", "surrogatepass")) > EXACT_COUNT_BYTES
+
+
+def _estimate(enc: tiktoken.Encoding, text: str) -> int:
+    """Tokens of a huge string, from windows at fixed places: deterministic, bounded work."""
+    n = len(text)
+    step = (n - SAMPLE_CHARS) // (SAMPLE_WINDOWS - 1)
+    sampled = sum(len(enc.encode_ordinary(text[i * step:i * step + SAMPLE_CHARS])) for i in range(SAMPLE_WINDOWS))
+    return -(-sampled * n // (SAMPLE_WINDOWS * SAMPLE_CHARS))  # rounded up
 
 
 # --------------------------------------------------------------------------- the counter
@@ -174,8 +215,12 @@ class TokenCounter:
 
     @staticmethod
     def _n(enc: tiktoken.Encoding, text: str) -> int:
+        if not text:
+            return 0
+        if len(text) > EXACT_COUNT_BYTES // 4 and is_estimated(text):
+            return _estimate(enc, text)
         # encode_ordinary: "<|endoftext|>" in user text is just text, never an error.
-        return len(enc.encode_ordinary(text)) if text else 0
+        return len(enc.encode_ordinary(text))
 
     # -- text
 

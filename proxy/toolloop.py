@@ -28,6 +28,7 @@ from proxy import reply_shape as shape
 from proxy.archive import Archive
 from proxy.conversation import Conversation, ReadTool
 from proxy.jsonio import JsonStyle
+from proxy.errors import ProxyError
 from proxy.readback import answer
 from proxy.reply_shape import IllFormed, hidden_failure
 from proxy.sse import DONE, event_data, event_payload, is_usage_chunk, split_events
@@ -42,7 +43,7 @@ class Rounds:
 
     def __init__(self, conv: Conversation, tool: ReadTool, archive: Archive) -> None:
         self.conv, self.tool, self.archive = conv, tool, archive
-        self.style = JsonStyle.sniff(conv.raw)
+        self.style = conv.style
         self.messages = list(conv.messages)
         self.done = 0  # rounds answered by the proxy
         self.own: Usage | None = None  # usage of the provider calls the client never saw

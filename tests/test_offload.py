@@ -218,3 +218,20 @@ def test_store_down_forwards_unmodified_and_says_so(upstream):
         raw = client(p).chat.completions.with_raw_response.create(model="gpt-4o", tools=TOOLS, messages=history(big_log()))
     assert raw.headers["x-ctxproxy-degraded"] == "store-unavailable"
     assert json.loads(upstream.requests[-1].body)["messages"] == history(big_log())
+
+
+def test_a_replayed_offload_never_tokenizes_the_original(upstream, tmp_path, monkeypatch):
+    from proxy.encodings import get_encoding
+    from proxy.tokens import default_counter
+
+    store, text = f"sqlite:///{tmp_path}/c.db", big_log()
+    with ProxyServer(offload_settings(upstream, store)) as p:  # decides, and records the decision
+        client(p).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history(text))
+    enc, seen = get_encoding("o200k_base"), []
+    real = enc.encode_ordinary
+    monkeypatch.setattr(enc, "encode_ordinary", lambda t: seen.append(len(t)) or real(t))
+    default_counter.clear()
+    with ProxyServer(offload_settings(upstream, store)) as p:  # a restart: replays it
+        client(p).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history(text))
+    assert HANDLE.search(sent_messages(upstream)[3]["content"])
+    assert seen and max(seen) < len(text) // 10  # the placeholder and the small messages only

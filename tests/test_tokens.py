@@ -305,3 +305,39 @@ def test_cache_is_bounded_and_evicts_least_recently_used(encoder_spy):
 def test_default_counter_is_a_token_counter():
     assert isinstance(tokens.default_counter, TokenCounter)
     assert tokens.CACHE_CAPACITY >= 10_000  # hundreds of 200-message sessions
+
+
+# --------------------------------------------------------------------------- huge strings
+
+
+def test_a_huge_string_is_never_tokenized_whole(encoder_spy, o200k):
+    text = "a" * 10_000_000  # tiktoken needs seconds for this one piece
+    count = TokenCounter().count_text(text, "gpt-4o")
+    assert encoder_spy and max(map(len, encoder_spy)) <= tokens.SAMPLE_CHARS
+    assert sum(map(len, encoder_spy)) == tokens.SAMPLE_WINDOWS * tokens.SAMPLE_CHARS
+    assert count == len(text) // 8  # "aaaaaaaa" is one token: the estimate of a uniform text is exact
+    assert tokens.is_estimated(text)
+
+
+def test_strings_up_to_a_mebibyte_of_utf8_are_counted_exactly(o200k):
+    log = "\n".join(f"2026-11-29T12:00:{i % 60:02d} worker[{i}] item {i * 7919 % 100003} ok" for i in range(20_000))
+    log = log[:tokens.EXACT_COUNT_BYTES]
+    assert not tokens.is_estimated(log)
+    assert TokenCounter().count_text(log, "gpt-4o") == n(o200k, log)
+    wide = "é" * (tokens.EXACT_COUNT_BYTES // 2 + 1)  # fewer characters than the limit, more bytes
+    assert tokens.is_estimated(wide) and not tokens.is_estimated(wide[:-1])
+
+
+def test_the_estimate_is_the_same_in_another_process():
+    import subprocess
+    import sys
+
+    text = "".join(f"line {i}: {'xy' * (i % 13)} ünïcode {i * 31337}\n" for i in range(60_000))  # 2.4 MB, varied
+    here = TokenCounter().count_text(text, "gpt-4o")
+    code = ("import sys; from proxy.tokens import TokenCounter; "
+            "print(TokenCounter().count_text(sys.stdin.read(), 'gpt-4o'))")
+    out = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, check=True,
+                         encoding="utf-8")
+    assert int(out.stdout) == here
+    exact = n(get_encoding("o200k_base"), text)
+    assert abs(here - exact) < exact * 0.02  # and close to the real count

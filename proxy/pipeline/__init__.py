@@ -4,6 +4,11 @@ Each transform is a small class in its own module with a `name` (its config
 section), a pydantic `Settings` model for that section, and
 `async def apply(conv, ctx) -> Conversation`, idempotent on its own output.
 Reading `TRANSFORMS` top to bottom is reading what the proxy does to a request.
+
+Transforms ask for digests and token counts synchronously; the runner has the
+big messages' ones computed off the event loop first (digests before the
+first transform, counts before the first that reads them: `needs_counts`,
+True unless a transform says otherwise), so no transform stalls the loop.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from proxy.store.guarded import backing_off
 class Transform(Protocol):
     name: ClassVar[str]
     Settings: ClassVar[type[BaseModel]]
+    # needs_counts: ClassVar[bool] = True, optional: False if it reads no token counts of conv.messages
 
     def __init__(self, settings: Any) -> None: ...
 
@@ -64,11 +70,20 @@ async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: Reque
     try:
         if backing_off(ctx.store):
             raise StoreError("store unavailable (backing off after a failure)")
+        await conv.prepare_digests()
+        counted = False
         for transform in pipeline:
+            if not counted and getattr(transform, "needs_counts", True):
+                await conv.prepare_counts()
+                counted = True
             conv = await transform.apply(conv, ctx)
+        if not counted:
+            await conv.prepare_counts()  # accounting counts what is sent
     except StoreError as e:
         event("store unavailable; forwarding unmodified", request_id=ctx.request_id, error=str(e))
         fresh = Conversation.parse(conv.raw)
         fresh.events.append(Event("degraded", {"reason": "store unavailable"}))
+        await fresh.prepare_digests()
+        await fresh.prepare_counts()
         return fresh
     return conv

@@ -9,6 +9,9 @@ naming a handle, and the model reads the rest with the proxy-owned
 Byte-stable: the decision and placeholder for a piece of content are recorded
 the first time and replayed verbatim afterwards, whatever the settings say
 then, on any replica. The text is stored before the rewritten request leaves.
+
+Never a stall: hashing, counting and previewing a big new text run off the
+event loop (proxy/offloop.py); a replayed decision costs none of them.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from proxy import offloop
 from proxy.archive import Archive, content_handle
 from proxy.conversation import Conversation, Event, RequestContext
 from proxy.preview import PreviewShape, build_placeholder
 from proxy.readback import tool_name_for
-from proxy.tokens import default_counter
+from proxy.tokens import default_counter, is_estimated
 
 # The smallest threshold allowed; texts under this many UTF-8 bytes (so tokens)
 # can never have been offloaded, so they are not even looked up.
@@ -162,9 +166,18 @@ def _scan(conv: Conversation, owner: object) -> _Found | None:
                   [(at[id(m)], m, text) for m in others if (text := sized_text(m)) is not None])
 
 
+def _estimated(message: dict[str, Any]) -> bool:
+    """Whether the message's count is an estimate (a huge string: proxy/tokens.py)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return is_estimated(content)
+    return any(is_estimated(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
 class Offload:
     name: ClassVar[str] = "offload"
     Settings: ClassVar[type[BaseModel]] = OffloadSettings
+    needs_counts: ClassVar[bool] = False  # it counts its own candidates, off the loop, only the undecided ones
 
     def __init__(self, settings: OffloadSettings) -> None:
         self.settings = settings
@@ -176,7 +189,7 @@ class Offload:
         tools = conv.body.get("tools")
         read_name = tool_name_for(tools or [])
         archive = Archive(ctx.store, ctx.tenant, s.retention_days, ctx.archive_quota)
-        found = self._candidates(conv)
+        found = await self._candidates(conv)
         decisions = await self._decisions(archive, ctx.tenant, list(map(operator.itemgetter(1), found)))
         messages = list(conv.messages)
         events = []
@@ -197,7 +210,7 @@ class Offload:
             conv.events.extend(events)
         return conv
 
-    def _candidates(self, conv: Conversation) -> list[tuple[int, str, str, str]]:
+    async def _candidates(self, conv: Conversation) -> list[tuple[int, str, str, str]]:
         """Messages big enough to have been offloaded, with their handles (hashed once per content).
 
         With the session's memo, the handles of the candidates it knows are
@@ -207,7 +220,7 @@ class Offload:
         found = _scan(conv, self)
         if found is None:
             names: list[dict[Any, str]] = []
-            return [_row(i, text, self._handle(conv, m, text, names)) for i, m, text in _sized(conv.messages)]
+            return [_row(i, text, await self._handle(conv, m, text, names)) for i, m, text in _sized(conv.messages)]
         memo, client = conv.memo, conv.client_messages
         assert memo is not None
         k = found.known
@@ -219,7 +232,7 @@ class Offload:
         names = [found.names]
         for i, text in found.sized[k:]:
             digests.append(conv.digest(client[i]))
-            pairs.append(self._handle(conv, client[i], text, names))
+            pairs.append(await self._handle(conv, client[i], text, names))
         memo.facts[(self, "handles")] = (digests, pairs)
         if found.at is None:  # rows as the previous request had them, while the handles stand
             rows = memo.previous.get((self, "rows"), [])[:k]
@@ -228,11 +241,12 @@ class Offload:
             return list(rows)
         at = found.at
         out = [(at[id(client[i])], h, text, what) for (i, text), (h, what) in zip(found.sized, pairs)]
-        out += [_row(i, text, self._handle(conv, m, text, names)) for i, m, text in found.others]
+        out += [_row(i, text, await self._handle(conv, m, text, names)) for i, m, text in found.others]
         out.sort(key=operator.itemgetter(0))
         return out
 
-    def _handle(self, conv: Conversation, m: dict[str, Any], text: str, names: list[dict[Any, str]]) -> tuple[str, str]:
+    async def _handle(self, conv: Conversation, m: dict[str, Any], text: str,
+                      names: list[dict[Any, str]]) -> tuple[str, str]:
         """(handle, what) of a candidate, computed once per digest; `names` is filled in when first needed."""
         digest = conv.digest(m)
         known = self._handles.get(digest)
@@ -244,7 +258,8 @@ class Offload:
                 if not names:
                     names.append(_call_names(conv.messages))
                 what = f"tool result of {names[0].get(m.get('tool_call_id'), m.get('name') or 'a tool')}"
-            known = self._handles[digest] = (content_handle(f"{role}:{what}", text), what)
+            handle = await offloop.run_if(len(text), content_handle, f"{role}:{what}", text)
+            known = self._handles[digest] = (handle, what)
             if len(self._handles) > _DECISION_CACHE:
                 self._handles.popitem(last=False)
         return known
@@ -272,12 +287,13 @@ class Offload:
             limit = min(s.tool_result_tokens, int(window * s.max_window_share))
         limit = max(MIN_THRESHOLD_TOKENS, limit)
         model = conv.body.get("model")
-        tokens = default_counter.count_message(message, model)
+        tokens = await conv.count_prepared(message)
         if tokens <= limit:
             return None, False
         shape = PreviewShape(s.preview_head_lines, s.preview_tail_lines, s.preview_line_chars, s.preview_max_share)
-        placeholder = build_placeholder(text, what=what, handle=handle, tool=read_name, tokens=tokens, shape=shape,
-                                        count=lambda t: default_counter.count_text(t, model))
+        placeholder = await offloop.run_if(
+            len(text), build_placeholder, text, what=what, handle=handle, tool=read_name, tokens=tokens, shape=shape,
+            count=lambda t: default_counter.count_text(t, model), approx=_estimated(message))
         if placeholder is None:
             return None, False
         await archive.put_text(handle, text)

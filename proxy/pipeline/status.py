@@ -76,6 +76,7 @@ def _keys(ctx: RequestContext) -> tuple[str, str]:
 class StatusHistory:
     name: ClassVar[str] = "status_bar"
     Settings: ClassVar[type[BaseModel]] = StatusBarSettings
+    needs_counts: ClassVar[bool] = False  # it reads digests only (proxy/pipeline/__init__.py)
 
     def __init__(self, settings: StatusBarSettings) -> None:
         self.settings = settings

@@ -1,0 +1,149 @@
+"""No request stalls the others: hostile content and hostile patterns never hold the event loop.
+
+One client's 10 MB tool result of a single letter, or a model's catastrophic
+regex in a read-back, must not delay anybody else's request: a `/healthz`
+polled meanwhile answers at once. The bound is generous (0.5 s worst on a
+loaded 2-core machine); before the work moved off the loop it was seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from proxy_server import ProxyServer, make_settings
+
+KEY = "sk-event-loop"
+HEALTHZ_WORST_S = 0.5
+HANDLE = re.compile(r'context_read\(handle="(ctx_[0-9a-f]+)"')
+
+
+def history(tool_text: str) -> list[dict]:
+    return [{"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "Look at the output."},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "run"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": tool_text}]
+
+
+def post(proxy: ProxyServer, messages: list[dict]) -> httpx.Response:
+    body = json.dumps({"model": "gpt-4o", "messages": messages}).encode()
+    return httpx.post(proxy.url + "/v1/chat/completions", content=body, timeout=120,
+                      headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"})
+
+
+@contextlib.contextmanager
+def healthz_polled(proxy: ProxyServer) -> Iterator[list[float]]:
+    """Polls /healthz every 10 ms while the block runs; yields the latencies (filled when it ends)."""
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(timeout=60) as c:
+            while not stop.is_set():
+                t = time.perf_counter()
+                assert c.get(proxy.url + "/healthz").status_code == 200
+                latencies.append(time.perf_counter() - t)
+                stop.wait(0.01)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    time.sleep(0.05)  # a few polls before the load starts
+    try:
+        yield latencies
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+
+
+def sent(upstream) -> list[dict]:
+    return json.loads(upstream.requests[-1].body)["messages"]
+
+
+@pytest.fixture
+def proxy(upstream, tmp_path):
+    """Built-in defaults (tool results offloaded over 20k tokens)."""
+    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db")) as p:
+        yield p
+
+
+@pytest.fixture
+def small_proxy(upstream, tmp_path):
+    """Offloads over 2,000 tokens, so a modest log is stored and readable back."""
+    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
+                                   defaults={"offload": {"tool_result_tokens": 2000}})) as p:
+        yield p
+
+
+def test_a_10mb_single_letter_tool_result_does_not_stall_healthz(proxy, upstream):
+    messages = history("a" * 10_000_000)
+    with healthz_polled(proxy) as latencies:
+        r = post(proxy, messages)
+    assert len(latencies) >= 3 and max(latencies) < HEALTHZ_WORST_S, max(latencies)
+    assert r.status_code == 200 and r.headers["x-ctxproxy-offloaded"] == "1"
+    preview = sent(upstream)[3]["content"]
+    # A string this big is counted by a deterministic estimate (proxy/tokens.py), and says so.
+    assert preview.startswith("[ctxproxy: tool result of bash stored whole (~1,250,007 tokens, 1 lines, "
+                              "10,000,000 chars)") and len(preview) < 1000
+
+
+def test_a_10mb_result_of_ten_million_lines_does_not_stall_healthz(proxy, upstream):
+    messages = history("\n" * 5_000_000 + "x\n" * 2_500_000)
+    with healthz_polled(proxy) as latencies:
+        r = post(proxy, messages)
+    assert max(latencies) < HEALTHZ_WORST_S, max(latencies)
+    assert r.status_code == 200 and r.headers["x-ctxproxy-offloaded"] == "1"
+    assert "7,500,000 lines" in sent(upstream)[3]["content"]
+
+
+def stored(proxy: ProxyServer, upstream, text: str) -> str:
+    """Offload `text` through the proxy; its handle."""
+    assert post(proxy, history(text)).status_code == 200
+    return HANDLE.search(sent(upstream)[3]["content"]).group(1)
+
+
+def read_back(proxy: ProxyServer, upstream, text: str, *calls: dict) -> list[str]:
+    """The model calls context_read with each of `calls`, one round each; the answers it got."""
+    upstream.script(*({"tool_calls": [{"name": "context_read", "arguments": c}]} for c in calls), "done")
+    out = post(proxy, history(text))
+    assert out.status_code == 200 and out.json()["choices"][0]["message"]["content"] == "done"
+    return [m["content"] for m in sent(upstream)[4:] if m["role"] == "tool"]  # the history's own result is [3]
+
+
+def test_a_catastrophic_pattern_is_answered_at_once_and_stalls_nobody(small_proxy, upstream):
+    # Python's re needs seconds per line for (a+)+$ on these lines; RE2 is linear.
+    text = "\n".join([f"2026-11-29 worker[{i}] processed item {i * 7919 % 100003}" for i in range(3000)]
+                     + ["a" * 22 + "!"] * 10 + ["aaaa"])
+    handle = stored(small_proxy, upstream, text)
+    with healthz_polled(small_proxy) as latencies:
+        [answer] = read_back(small_proxy, upstream, text, {"handle": handle, "pattern": "(a+)+$"})
+    assert max(latencies) < HEALTHZ_WORST_S, max(latencies)
+    assert answer == f"[{handle}: 1 lines match '(a+)+$'; showing 1 from match 0]\n3010: aaaa"
+
+
+@pytest.mark.parametrize("pattern", [r"worker(?=\[42\])", r"(?<!x)worker\[42\]", r"item (\d)\1"])
+def test_lookaround_and_backreferences_get_a_clear_error(small_proxy, upstream, pattern):
+    text = "\n".join(f"2026-11-29 worker[{i}] processed item {i * 7919 % 100003}" for i in range(3000))
+    handle = stored(small_proxy, upstream, text)
+    [answer] = read_back(small_proxy, upstream, text, {"handle": handle, "pattern": pattern})
+    assert answer.startswith("error: pattern not supported: ") and "no backreferences or lookaround" in answer
+
+
+def test_grep_and_paging_of_a_huge_stored_text_stay_bounded(proxy, upstream):
+    text = "ab\n" * 3_000_000 + "needle\n" + "ab\n" * 300_000  # 10 MB, 3.3 million lines
+    handle = stored(proxy, upstream, text)
+    with healthz_polled(proxy) as latencies:
+        every, needle, page = read_back(proxy, upstream, text, {"handle": handle, "pattern": "b"},
+                                        {"handle": handle, "pattern": "^needle$"},
+                                        {"handle": handle, "offset": 3_000_000, "limit": 2})
+    assert max(latencies) < HEALTHZ_WORST_S, max(latencies)
+    assert every.startswith(f"[{handle}: 100000+ lines match 'b'; showing 200 from match 0]\n0: ab\n1: ab\n")
+    assert needle == f"[{handle}: 1 lines match '^needle$'; showing 1 from match 0]\n3000000: needle"
+    assert page == f"[{handle}: lines 3000000-3000001 of 3300001; continue with offset=3000002]\nneedle\nab"
