@@ -100,7 +100,11 @@ def text_of(message: Message) -> str:
 # Identifiers the agent will need verbatim: written by code into the summary, never paraphrased.
 _URL = r"https?://[^\s\"'<>`)\]}]+"
 _SEGMENT = r"\.?[\w@+-][\w.@+-]*"
-_PATH = rf"(?:\$\w+/|~/|\.{{1,2}}/|/)?(?:{_SEGMENT}/)+{_SEGMENT}|\.{{0,2}}/?\b[\w-]+\.[A-Za-z][\w]{{0,7}}\b"
+# Each alternative starts only where a path can start (not inside a run of path characters): without
+# that, every position of a long word run would be tried and scanned to its end - quadratic.
+_PATH_START = r"(?<![\w.@+-])"
+_PATH = (rf"{_PATH_START}(?:\$\w+/|~/|\.{{1,2}}/|/)?(?:{_SEGMENT}/)+{_SEGMENT}"
+         rf"|{_PATH_START}\.{{0,2}}/?\b[\w-]+\.[A-Za-z][\w]{{0,7}}\b")
 _HASH = r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,64}\b"
 _UUID = r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
 IDENTIFIER = re.compile(f"(?P<url>{_URL})|(?P<uuid>{_UUID})|(?P<hash>{_HASH})|(?P<path>{_PATH})", re.IGNORECASE)
@@ -140,9 +144,23 @@ def _string_values(obj: Any) -> list[str]:
     return []
 
 
+# The identifier pattern backtracks over a long run of word characters (quadratic in its length), and
+# compaction runs it on the event loop: each message is read at most this far from either end, with
+# runs this long (never an identifier) blanked first - bounded work for any text.
+_SCAN_CHARS = 64 * 1024
+_RUN_CHAR = r"[^\s\"'<>`()\[\]{},;]"
+_LONG_RUN = re.compile(rf"(?<!{_RUN_CHAR}){_RUN_CHAR}{{1024,}}")  # from a run's start only: linear
+
+
+def _scannable(text: str) -> str:
+    if len(text) > 2 * _SCAN_CHARS:
+        text = text[:_SCAN_CHARS] + "\n" + text[-_SCAN_CHARS:]
+    return _LONG_RUN.sub(" ", text)
+
+
 def _named(text: str) -> list[str]:
     out = []
-    for match in IDENTIFIER.finditer(text):
+    for match in IDENTIFIER.finditer(_scannable(text)):
         value = match.group(0).rstrip(_TRAILING)
         if len(value) > 2 and (match.lastgroup != "path" or _is_path(value)):
             out.append(value)
@@ -196,7 +214,7 @@ def identifiers(messages: Sequence[Message], cap: int) -> list[str]:
             for value in _call_names(m) + _named(text):
                 see(value, _ACTED)
         elif role == "tool" or role == "function":
-            for value in ERROR_NAME.findall(text):
+            for value in ERROR_NAME.findall(_scannable(text)):
                 see(value, _FAILED)
             for value in _named(text):
                 see(value, _PRINTED)
@@ -204,7 +222,7 @@ def identifiers(messages: Sequence[Message], cap: int) -> list[str]:
             for value in _named(text):
                 see(value, _ASKED)
     first = {v: i for i, v in enumerate(dict.fromkeys(
-        v for m in messages for v in _call_names(m) + _named(text_of(m)) + ERROR_NAME.findall(text_of(m))))}
+        v for m in messages for v in _call_names(m) + _named(text_of(m)) + ERROR_NAME.findall(_scannable(text_of(m)))))}
     chosen: list[str] = []
     for rank in _PRINTED_RANKS:
         newest = sorted((v for v in seen if rank_of[v] == rank), key=seen.__getitem__)

@@ -122,3 +122,16 @@ def test_small_window_compactions_leave_room_and_never_come_back_to_back(upstrea
                 listed = text.split("## Identifiers", 1)[1].split("\n", 1)[1].split("</context_summary>")[0]
                 lines = [x for x in listed.splitlines() if x.strip()]
                 assert len(lines) == len(set(lines))
+
+
+@pytest.mark.parametrize("text", ["a" * 2_000_000, ("x" * 1000 + " ") * 2000, ("ab." * 300 + " ") * 2000])
+def test_identifiers_take_bounded_time_on_any_text(text):
+    """Compaction lists identifiers on the event loop: a long word run must not make that quadratic."""
+    import subprocess
+    import sys
+    code = ("import sys,time; from proxy.history import identifiers; t=sys.stdin.read(); s=time.perf_counter(); "
+            "identifiers([{'role':'assistant','content':t},{'role':'tool','tool_call_id':'c','content':t}], 400); "
+            "print(time.perf_counter()-s)")
+    r = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert float(r.stdout) < 3.0
