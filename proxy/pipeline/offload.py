@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from itertools import compress, count, repeat
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy import offloop
 from proxy.archive import Archive, content_handle
 from proxy.conversation import Conversation, Event, RequestContext
-from proxy.preview import PreviewShape, build_placeholder
+from proxy.preview import PreviewShape, build_placeholder, error_matcher
+from proxy.trajectory import DEFAULT_ERROR_PATTERN
 from proxy.readback import tool_name_for
 from proxy.tokens import default_counter, is_estimated
 
@@ -54,6 +55,17 @@ class OffloadSettings(BaseModel):
     # Thresholds never exceed this share of the model's window (twice it for user messages), so a
     # small local model gets early offloading without retuning (32k window: tool results over 8k tokens).
     max_window_share: float = Field(default=0.25, gt=0, le=1)
+    # A preview also shows the lines matching this anywhere in the text, with their line numbers (RE2
+    # syntax; by default the status bar's error pattern), at most `preview_error_lines` of them.
+    error_pattern: str = DEFAULT_ERROR_PATTERN
+    preview_error_lines: int = Field(default=10, ge=0)
+
+    @field_validator("error_pattern")
+    @classmethod
+    def _re2(cls, v: str) -> str:
+        if error_matcher(v) is None:
+            raise ValueError("must be a regular expression in RE2 syntax (no backreferences or lookaround)")
+        return v
 
 
 def _text_of(content: Any) -> str | None:
@@ -181,6 +193,7 @@ class Offload:
 
     def __init__(self, settings: OffloadSettings) -> None:
         self.settings = settings
+        self._errors = error_matcher(settings.error_pattern) if settings.preview_error_lines else None
         self._decided: OrderedDict[tuple[str, str], dict[str, Any] | bool] = OrderedDict()
         self._handles: OrderedDict[bytes, tuple[str, str]] = OrderedDict()  # message digest -> (handle, what)
 
@@ -290,10 +303,11 @@ class Offload:
         tokens = await conv.count_prepared(message)
         if tokens <= limit:
             return None, False
-        shape = PreviewShape(s.preview_head_lines, s.preview_tail_lines, s.preview_line_chars, s.preview_max_share)
+        shape = PreviewShape(s.preview_head_lines, s.preview_tail_lines, s.preview_line_chars, s.preview_max_share,
+                             s.preview_error_lines)
         placeholder = await offloop.run_if(
             len(text), build_placeholder, text, what=what, handle=handle, tool=read_name, tokens=tokens, shape=shape,
-            count=lambda t: default_counter.count_text(t, model), approx=_estimated(message))
+            count=lambda t: default_counter.count_text(t, model), approx=_estimated(message), errors=self._errors)
         if placeholder is None:
             return None, False
         await archive.put_text(handle, text)
