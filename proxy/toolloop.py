@@ -27,8 +27,6 @@ import orjson
 from proxy import reply_shape as shape
 from proxy.archive import Archive
 from proxy.conversation import Conversation, ReadTool
-from proxy.jsonio import JsonStyle
-from proxy.errors import ProxyError
 from proxy.readback import answer
 from proxy.reply_shape import IllFormed, hidden_failure
 from proxy.sse import DONE, event_data, event_payload, is_usage_chunk, split_events

@@ -19,6 +19,7 @@ from proxy.learned_windows import LearnedWindows, overflow_limit
 from proxy.routing import api_key_of, tenant_id
 from proxy.store import open_store
 from proxy_server import ProxyServer, make_settings
+from test_compress import agent_run
 from test_offload import HANDLE, TOOLS, big_log, history, offload_settings, sent_messages
 
 
@@ -78,18 +79,6 @@ def proxy(upstream, tmp_path):
 
 # ---- a window learned from an error is the learner's, genuine, and expires
 
-def _prompt(n_turns: int) -> list[dict]:
-    msgs = [{"role": "system", "content": "You are a careful coding agent."},
-            {"role": "user", "content": "Fix the crash in src/app/core.py."}]
-    for i in range(n_turns):
-        msgs.append({"role": "assistant", "content": f"Looking at module {i}.", "tool_calls": [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": "bash", "arguments": json.dumps({"cmd": f"cat src/module_{i}.py"})}}]})
-        msgs.append({"role": "tool", "tool_call_id": f"call_{i}",
-                     "content": "\n".join(f"def f_{i}_{j}(x):\n    return x * {j}" for j in range(25))})
-    return msgs
-
-
 def _overflow(window: int, requested: int, code: str | None = "context_length_exceeded", message: str | None = None):
     return {"error": {"message": message or f"This model's maximum context length is {window} tokens. However, "
                       f"your messages resulted in {requested} tokens. Please reduce the length of the messages.",
@@ -115,7 +104,7 @@ def _sent(upstream) -> bytes:
 
 
 def test_one_tenants_overflow_does_not_shrink_another_tenants_requests(compressing, upstream):
-    msgs = _prompt(8)
+    msgs = agent_run(8)
     upstream.fail_next(400, _overflow(1500, 3000))
     first = _ask(compressing, "sk-a", msgs)
     assert first.status_code == 200 and first.headers["x-ctxproxy-window-learned"] == "1500"
@@ -139,7 +128,7 @@ def test_one_tenants_overflow_does_not_shrink_another_tenants_requests(compressi
     _overflow(90_000, 120_000),
 ])
 def test_only_a_genuine_overflow_below_the_rejected_prompt_is_learned(compressing, upstream, error):
-    msgs = _prompt(8)
+    msgs = agent_run(8)
     upstream.fail_next(400, error)
     r = _ask(compressing, "sk-a", msgs)
     assert r.status_code == 400 and "x-ctxproxy-window-learned" not in r.headers

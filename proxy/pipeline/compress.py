@@ -144,7 +144,7 @@ class Compress:
 
     async def _compact_locked(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, raw: list,
                               digests: list, counts: list, view: View, fixed: int) -> View:
-        s, model = self.settings, conv.body.get("model")
+        s = self.settings
         token = await ctx.store.acquire_lock(log.lock_name, LOCK_LEASE_S)
         # Another request of this session is compacting: wait for its result. A live holder renews
         # its short lease; a dead one (killed mid-summary) stops, and its lock is ours a lease later.
