@@ -4,7 +4,7 @@
                                [--think 0.6] [--json out.json]
 
 One run, two proxies side by side: the same agent session is replayed turn by turn
-through a proxy with the default `compress.precompute` (0.7) and through one with
+through a proxy with the default `compress.precompute` (0.78) and through one with
 `precompute: null`, concurrently, so machine noise hits both alike. Both talk to one
 fake provider, in this process on a free 127.0.0.1 port, that answers the agent's own
 calls at once and the proxies' summary calls (recognised and answered by
@@ -135,7 +135,7 @@ class Provider:
 
 
 def proxy_app(upstream: str, store: str, window: int, precompute: float | None) -> Any:
-    compress: dict[str, Any] = {} if precompute == 0.7 else {"precompute": precompute}
+    compress: dict[str, Any] = {} if precompute == 0.78 else {"precompute": precompute}
     cfg = {"upstream": {"base_url": upstream + "/v1"}, "store": store,
            "models": {MODEL: {"context_window": window}}, "defaults": {"compress": compress}}
     return create_app(build_settings(cfg, env={}))
@@ -190,7 +190,7 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     trace = load_trace(args.trace)
     provider = Provider(args.summary_delay)
-    settings = {"precompute 0.7 (default)": 0.7, "precompute null": None}
+    settings = {"precompute 0.78 (default)": 0.78, "precompute null": None}
     with tempfile.TemporaryDirectory() as tmp, Served(provider) as upstream:
         servers = [Served(proxy_app(upstream, f"sqlite:///{tmp}/{n}.db", args.window, p))
                    for n, p in enumerate(settings.values())]

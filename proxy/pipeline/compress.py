@@ -81,7 +81,7 @@ class CompressSettings(BaseModel):
     breaker_cooldown: float = Field(default=300, gt=0)  # seconds without summarizer calls after a failure
     # past this share of the window the next compaction's summary is written in the background, so the
     # request crossing `trigger` does not wait for it; null: never
-    precompute: float | None = Field(default=0.7, gt=0, lt=1)
+    precompute: float | None = Field(default=0.78, gt=0, lt=1)
     retention_days: float = Field(default=7, gt=0)  # how long archived history stays readable
 
 
