@@ -1330,8 +1330,8 @@ def status_bar_markdown(results: list[dict[str, Any]]) -> str:
              "cost units | cost vs no status bar | own calls | compactions | identifiers kept | "
              "in-handler ms (sum / max) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    modes = {"ctxproxy": "append (default)", "ctxproxy-no-status-bar": "off",
-             "ctxproxy-status-replace": "replace"}
+    modes = {"ctxproxy": "replace (default)", "ctxproxy-no-status-bar": "off",
+             "ctxproxy-status-replace": "replace (set explicitly)"}
     for n in names:
         r = ok[n]
         t = r["total"]
