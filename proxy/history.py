@@ -196,10 +196,12 @@ def identifiers(messages: Sequence[Message], cap: int) -> list[str]:
     """
     rank_of: dict[str, int] = {}
     seen: dict[str, int] = {}  # value -> position of its newest sighting
+    first: dict[str, int] = {}  # value -> position of its first sighting
 
     def see(value: str, rank: int) -> None:
         if rank < rank_of.get(value, len(_PRINTED_RANKS)):
             rank_of[value] = rank
+        first.setdefault(value, len(first))
         seen.pop(value, None)
         seen[value] = len(seen)
 
@@ -221,11 +223,9 @@ def identifiers(messages: Sequence[Message], cap: int) -> list[str]:
         else:
             for value in _named(text):
                 see(value, _ASKED)
-    first = {v: i for i, v in enumerate(dict.fromkeys(
-        v for m in messages for v in _call_names(m) + _named(text_of(m)) + ERROR_NAME.findall(_scannable(text_of(m)))))}
     chosen: list[str] = []
     for rank in _PRINTED_RANKS:
         newest = sorted((v for v in seen if rank_of[v] == rank), key=seen.__getitem__)
         room = cap - len(chosen)
         chosen += newest[-room:] if room > 0 else []
-    return sorted(chosen, key=lambda v: (rank_of[v], first.get(v, len(first))))
+    return sorted(chosen, key=lambda v: (rank_of[v], first[v]))

@@ -62,6 +62,18 @@ def _call(call: Any, where: str) -> None:
         raise IllFormed(f"{where} has an id, name or arguments that is not a string")
 
 
+def _calls(part: dict[str, Any], name: str, where: str) -> list[Any]:
+    """`part["tool_calls"]` ([] when absent), each call checked; `where` names them in the error."""
+    calls = part.get("tool_calls")
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise IllFormed(f"{name}.tool_calls is not a list")
+    for i, call in enumerate(calls):
+        _call(call, f"{where}[{i}]")
+    return calls
+
+
 def _choice(choices: Any, field: str) -> dict[str, Any]:
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         raise IllFormed("choices is not a list of one object")
@@ -92,14 +104,7 @@ def completion(content: bytes) -> Completion:
     if not isinstance(data, dict):
         raise IllFormed("the body is not a JSON object")
     message = _choice(data.get("choices"), "message")
-    calls = message.get("tool_calls")
-    if calls is None:
-        calls = []
-    if not isinstance(calls, list):
-        raise IllFormed("message.tool_calls is not a list")
-    for i, call in enumerate(calls):
-        _call(call, f"tool_calls[{i}]")
-    return Completion(data, data["choices"][0], message, calls)
+    return Completion(data, data["choices"][0], message, _calls(message, "message", "tool_calls"))
 
 
 @dataclass
@@ -122,13 +127,8 @@ def delta(chunk: Any) -> Delta | None:
     if chunk["choices"] == []:
         return Delta({}, {}, [])
     part = _choice(chunk["choices"], "delta")
-    calls = part.get("tool_calls")
-    if calls is None:
-        calls = []
-    if not isinstance(calls, list):
-        raise IllFormed("delta.tool_calls is not a list")
+    calls = _calls(part, "delta", "delta.tool_calls")
     for i, call in enumerate(calls):
-        _call(call, f"delta.tool_calls[{i}]")
         if not _index(call.get("index")):
             raise IllFormed(f"delta.tool_calls[{i}].index is not an integer")
     return Delta(chunk["choices"][0], part, calls)
