@@ -8,7 +8,7 @@ the mock's script callable (public API: `mock.script(respond, ...)`) and
 answers:
 
 * ctxproxy's summarizer call (system prompt "You maintain the working memory
-  of a long-running autonomous agent", proxy/summarizer.py) with a markdown
+  of a long-running autonomous agent", proxy/rewrite/compress/summarizer.py) with a markdown
   summary in the seven requested sections;
 * the same in ctxproxy's cached shape (the agent's conversation re-sent,
   closed by an instruction opening with "<ctxproxy_compaction>"): the span is

@@ -1,7 +1,7 @@
 """Identifiers an agent named (file paths, URLs, hashes) and whether a request still carries them.
 
 Defined here for the benchmark, independently of the proxy's own list
-(proxy/history.py), so the proxy is not graded by its own yardstick.
+(proxy/rewrite/compress/history.py), so the proxy is not graded by its own yardstick.
 
 * URL: ``http(s)://`` up to whitespace, a quote, a bracket or a backslash.
 * Hash: 7 to 64 lowercase hex characters between word boundaries, with at

@@ -535,7 +535,7 @@ def long_bodies(count: int) -> tuple[list[bytes], list[bytes], dict[str, Any]]:
     the same again with the agent's `tools` array (as agents send it), and the facts."""
     import orjson
     from token_count import N_MESSAGES, TOOLS, build_conversation
-    from proxy.tokens import TokenCounter
+    from proxy.tokens.counter import TokenCounter
 
     conversation, pool = build_conversation()
     head = conversation[: N_MESSAGES - 1]

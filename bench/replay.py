@@ -137,7 +137,7 @@ PLACEHOLDER_MARK = 'context_read(handle="'  # also matches the alternate names (
 CACHED_PRICE = 0.1  # a cached input token costs this share of an uncached one
 REQUEST_TIMEOUT = 300.0  # seconds, per request (bounded: nothing here waits forever)
 START_TIMEOUT = 30.0  # seconds for the proxy to answer /healthz
-DEFAULT_OFFLOAD_TOOL_TOKENS = 20_000  # proxy/pipeline/offload.py defaults, for the "missed" check
+DEFAULT_OFFLOAD_TOOL_TOKENS = 20_000  # proxy/rewrite/offload.py defaults, for the "missed" check
 DEFAULT_OFFLOAD_USER_TOKENS = 50_000
 
 
@@ -840,7 +840,7 @@ def diagnose_lost(lost: list[str], raw: list[dict[str, Any]], sent: list[dict[st
                   history: Any) -> dict[str, Any]:
     """Why ctxproxy's last request lacks an identifier the raw trajectory named (diagnosis only).
 
-    `history` is the proxy's own proxy/history.py module (loaded from the proxy under test), whose identifier
+    `history` is the proxy's own proxy/rewrite/compress/history.py module (loaded from the proxy under test), whose identifier
     regex decides what its code-written list can hold: an identifier it does not match can only survive in the
     model-written part or verbatim. Categories: `proxy regex misses it` (no match of the proxy's regex in any
     message naming it, exactly as written), `matched, not listed` (the regex finds it but the last summary's list
@@ -902,7 +902,7 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _load_proxy_history(src: str | None) -> Any:
-    """proxy/history.py of the proxy under test (standalone module), for diagnosing lost identifiers."""
+    """proxy/rewrite/compress/history.py of the proxy under test (standalone module), for diagnosing lost identifiers."""
     import importlib.util
     path = os.path.join(src or ROOT, "proxy", "history.py")
     spec = importlib.util.spec_from_file_location("ctxproxy_history_under_test", path)

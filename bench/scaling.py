@@ -229,7 +229,7 @@ def passthrough_app(mock_url: str) -> Any:
     from starlette.responses import Response
 
     from proxy.config import UpstreamSettings
-    from proxy.upstream import Upstream, read_body, request_headers
+    from proxy.upstream.client import Upstream, read_body, request_headers
 
     settings = UpstreamSettings(base_url=mock_url)
     url = mock_url.rstrip("/") + "/chat/completions"
@@ -370,7 +370,7 @@ _COUNTER: Any = None
 
 def state_tokens(messages: list[dict[str, Any]]) -> int:
     global _COUNTER
-    from proxy.tokens import TokenCounter
+    from proxy.tokens.counter import TokenCounter
 
     if _COUNTER is None:
         _COUNTER = TokenCounter()

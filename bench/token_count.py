@@ -37,8 +37,8 @@ from typing import Any
 
 import orjson
 
-from proxy.encodings import get_encoding
-from proxy.tokens import TokenCounter, message_digest
+from proxy.tokens.encodings import get_encoding
+from proxy.tokens.counter import TokenCounter, message_digest
 
 TRACES_DIR = os.environ.get("CTXPROXY_TRACES_DIR", "/work/shared/traces")
 BASE_TRACE = "14_mini-swe-agent_gemini3pro_sympy__sympy-13091.json"  # 260 messages, one system prompt

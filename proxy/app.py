@@ -11,18 +11,19 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.chat import chat_completions
+from proxy.http.chat import chat_completions
 from proxy.config import Settings, load_settings
-from proxy import ctx_api
-from proxy.encodings import SHIPPED_ENCODINGS, ensure_encodings, get_encoding
+from proxy.http import ctx_api
+from proxy.tokens.encodings import SHIPPED_ENCODINGS, ensure_encodings, get_encoding
 from proxy.errors import NotFound, ProxyError, error_body
 from proxy.logs import log
-from proxy.passthrough import passthrough
-from proxy.responses import JSON, error_response
+from proxy.http.passthrough import passthrough
+from proxy.http.responses import responses, responses_websocket
+from proxy.http.relay import JSON, error_response
 from proxy.state import ProxyState, state_of
 from proxy.store import open_store
 from proxy.store.guarded import GuardedStore
-from proxy.upstream import Upstream
+from proxy.upstream.client import Upstream
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -63,6 +64,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_api_route("/ctx/v1/blobs/{handle}", ctx_api.get_blob, methods=["GET"])
     for prefix in ("", "/r/{route}"):
         app.add_api_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
+        app.add_api_route(prefix + "/v1/responses", responses, methods=["POST"])
+        app.add_api_websocket_route(prefix + "/v1/responses", responses_websocket)
         app.add_api_route(prefix + "/v1/{path:path}", passthrough, methods=ALL_METHODS)
 
     app.add_exception_handler(ProxyError, _proxy_error)

@@ -58,9 +58,9 @@ def _serve(settings: Settings) -> None:
     import uvicorn
 
     from proxy.app import create_app
-    from proxy.encodings import TokenizerUnavailable, ensure_encodings
+    from proxy.tokens.encodings import TokenizerUnavailable, ensure_encodings
     from proxy.logs import event, setup_logging
-    from proxy.server import uvicorn_options
+    from proxy.http.server import uvicorn_options
 
     setup_logging(settings.logging.level)
     try:

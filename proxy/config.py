@@ -4,7 +4,7 @@ Shape: global `defaults` for every transform section, per-model facts, and a
 list of routes that override any default. A route's effective section is the
 deep merge of `defaults.<section>` and `routes[i].<section>`; each pipeline
 transform declares the pydantic model of its own section (see
-`proxy.pipeline.SECTION_MODELS`), so adding a transform never touches this file.
+`proxy.rewrite.SECTION_MODELS`), so adding a transform never touches this file.
 
 Invalid configuration fails at start with one line naming the key and the fault.
 Precedence, highest first: CLI flag, environment (`CTXPROXY_*`), file, built-in.
@@ -16,13 +16,16 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from proxy.errors import ConfigError
+from proxy.rewrite.settings import SECTION_MODELS
+
+RENAMED_SECTIONS = {"cache": "cache_hints"}  # old section name -> current; the old one still reads
 
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 DEFAULT_STORE = "sqlite:///./ctxproxy.db"
@@ -48,7 +51,7 @@ DEFAULT_MAX_CONNECTIONS = 2048
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_ROUTE = "default"
 # Context window assumed for a model found neither in `models:` nor in the
-# built-in table (proxy/windows.py); a route may set its own `context_window`.
+# built-in table (proxy/upstream/windows.py); a route may set its own `context_window`.
 DEFAULT_CONTEXT_WINDOW = 128_000
 ROUTE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -96,7 +99,7 @@ class ModelFacts(_Strict):
     """What the proxy cannot guess about a model."""
 
     context_window: int | None = Field(default=None, gt=0)
-    encoding: str | None = None
+    encoding: Literal["o200k_base", "cl100k_base"] | None = None  # counts its tokens; null: by the model's name
 
 
 class RouteMatch(_Strict):
@@ -104,7 +107,7 @@ class RouteMatch(_Strict):
 
 
 class ServerSettings(_Strict):
-    """How `ctxproxy serve` listens, and what bounds a client's connection (proxy/server.py)."""
+    """How `ctxproxy serve` listens, and what bounds a client's connection (proxy/http/server.py)."""
 
     host: str = DEFAULT_HOST
     port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
@@ -221,9 +224,16 @@ def _validate(model: type[BaseModel], data: Any, prefix: str, source: str) -> An
 
 
 def _section_models() -> Mapping[str, type[BaseModel]]:
-    from proxy.pipeline import SECTION_MODELS
-
     return SECTION_MODELS
+
+
+def _renamed(sections: Mapping[str, Any]) -> dict[str, Any]:
+    """Sections under their current names (`cache` was `cache_hints`' name before)."""
+    out = dict(sections)
+    for old, new in RENAMED_SECTIONS.items():
+        if old in out and new not in out:
+            out[new] = out.pop(old)
+    return out
 
 
 def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None = None,
@@ -249,7 +259,8 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
         raise ConfigError(f"{source}: store: expected sqlite:///path.db or redis://host:port/db, got scheme {scheme!r}")
 
     models = _section_models()
-    for name in file.defaults:
+    defaults = _renamed(file.defaults)
+    for name in defaults:
         if name not in models:
             raise ConfigError(f"{source}: defaults.{name}: unknown section (known: {', '.join(sorted(models)) or 'none'})")
 
@@ -265,13 +276,13 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
         if rf.name in seen:
             raise ConfigError(f"{source}: {where}.name: duplicate route name {rf.name!r}")
         seen.add(rf.name)
-        extra = dict(rf.model_extra or {})
+        extra = _renamed(rf.model_extra or {})
         for name in extra:
             if name not in models:
                 raise ConfigError(f"{source}: {where}.{name}: unknown key")
         sections = {}
         for name, model in models.items():
-            merged = _deep_merge(file.defaults.get(name, {}), extra.get(name) or {})
+            merged = _deep_merge(defaults.get(name, {}), extra.get(name) or {})
             sections[name] = _validate(model, merged, f"{where}.{name}", source)
         route_up = _validate(UpstreamSettings, _deep_merge(upstream.model_dump(), rf.upstream),
                              f"{where}.upstream", source)

@@ -2,7 +2,7 @@
 
 Fields are chosen by the caller from a fixed vocabulary (ids, route, model,
 session, status, timings, counts); message text only goes in when
-`logging.log_content` is on (proxy/accounting.py adds the client's new
+`logging.log_content` is on (proxy/accounting/accountant.py adds the client's new
 messages to the request's line). A password in a URL anywhere in a line (a
 store URL in an error, a traceback) is masked before the line is written.
 """

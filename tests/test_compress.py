@@ -11,11 +11,12 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.history import pairing_is_valid
-from proxy.pipeline import compress
-from proxy.routing import tenant_id
+from proxy.wire.chat.codec import CHAT
+from proxy.rewrite.compress.history import pairing_is_valid
+from proxy.rewrite.compress import transform as compress
+from proxy.http.routing import tenant_id
 from proxy.store import open_store
-from proxy.summarizer import COMPACTION_OPEN, SYSTEM_PROMPT
+from proxy.rewrite.compress.summarizer import COMPACTION_OPEN, SYSTEM_PROMPT
 from proxy_server import ProxyServer, make_settings
 
 SALT = "ctxproxy-tenant-v1"
@@ -100,7 +101,7 @@ def test_long_run_never_overflows_and_keeps_identifiers(proxy, upstream):
     compactions = [r.headers["x-ctxproxy-compacted"] for r in responses if "x-ctxproxy-compacted" in r.headers]
     # Rare and large: each one buys (trigger - target) x window / tokens per turn ≈ 5 turns here.
     assert compactions and len(compactions) <= 10
-    assert all(pairing_is_valid(r.json["messages"]) for r in chat_requests(upstream))
+    assert all(pairing_is_valid(CHAT, r.json["messages"]) for r in chat_requests(upstream))
     last = upstream.requests[-1].body.decode()
     for ident in ("src/app/core.py", "https://example.com/issues/4242", "src/app/module_0.py", "src/app/module_39.py"):
         assert ident in last, ident
@@ -276,7 +277,7 @@ def test_dangling_tool_call_gets_a_synthetic_result(proxy, upstream):
     run.append({"role": "user", "content": "continue"})
     upstream.script(*[responder] * 4)
     assert post(proxy, run).status_code == 200
-    assert pairing_is_valid(json.loads(upstream.requests[-1].body)["messages"])
+    assert pairing_is_valid(CHAT, json.loads(upstream.requests[-1].body)["messages"])
 
 
 def test_facts_strategy_asks_each_question_concurrently(upstream, tmp_path):

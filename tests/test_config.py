@@ -86,3 +86,62 @@ def test_cli_reports_invalid_config_in_one_line(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "proxy.cli", "check", "--config", "config.yaml"],
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "route local" in ok.stdout
+
+
+def _documented_defaults_differ(documented: object, code: object, where: str) -> list[str]:
+    if isinstance(documented, dict) and isinstance(code, dict):
+        out = []
+        for key, value in documented.items():
+            if key not in code:
+                out.append(f"{where}.{key}: documented but the code has no such setting")
+            else:
+                out += _documented_defaults_differ(value, code[key], f"{where}.{key}")
+        return out
+    if isinstance(code, tuple):
+        code = list(code)
+    return [] if documented == code else [f"{where}: config.yaml says {documented!r}, the code {code!r}"]
+
+
+def test_config_yaml_shows_the_code_defaults():
+    """config.yaml says it shows the defaults: every default it documents is the code's own."""
+    import yaml
+    from pathlib import Path
+
+    from proxy.rewrite.settings import SECTION_MODELS
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
+    builtin = load_settings(None, env={})
+    problems = []
+    for name, documented in shipped["defaults"].items():
+        problems += _documented_defaults_differ(documented, SECTION_MODELS[name]().model_dump(), f"defaults.{name}")
+    for section in ("server", "logging"):
+        problems += _documented_defaults_differ(shipped[section], getattr(builtin, section).model_dump(), section)
+    problems += _documented_defaults_differ(shipped["upstream"], builtin.upstream.model_dump(), "upstream")
+    top = {"store": builtin.store, "store_timeout": builtin.store_timeout,
+           "store_quota_bytes": builtin.store_quota_bytes,
+           "default_context_window": builtin.routes[0].context_window}
+    problems += _documented_defaults_differ({k: shipped[k] for k in top}, top, "config")
+    assert not problems, "\n".join(problems)
+    assert set(shipped["defaults"]) == set(SECTION_MODELS), "every transform's section is documented"
+
+
+def test_old_cache_section_name_still_reads():
+    s = build_settings({"defaults": {"cache": {"max_breakpoints": 2}}}, env={})
+    assert s.route("default").section("cache_hints").max_breakpoints == 2
+
+
+def test_model_encoding_setting_changes_the_count():
+    from proxy.state import ProxyState
+    from proxy.tokens.counter import default_counter
+    from proxy.tokens.encodings import configure_model_encodings, encoding_name_for_model
+
+    try:
+        s = build_settings({"models": {"my-model": {"encoding": "cl100k_base"}}}, env={})
+        ProxyState.create(s, upstream=None, store=None)  # type: ignore[arg-type]
+        assert encoding_name_for_model("my-model") == "cl100k_base"
+        assert encoding_name_for_model("other-model") == "o200k_base"
+        text = "ünïcødé façade naïveté " * 20
+        assert default_counter.count_text(text, "my-model") != default_counter.count_text(text, "other-model")
+    finally:
+        configure_model_encodings({})
+    with pytest.raises(ConfigError, match="encoding"):
+        build_settings({"models": {"m": {"encoding": "p50k_base"}}}, env={})

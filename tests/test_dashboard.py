@@ -274,7 +274,7 @@ def test_dashboard_is_one_self_contained_page(upstream, tmp_path):
         r = httpx.get(p.url + "/ctx/ui")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     page = r.text
-    assert page == (Path(__file__).resolve().parents[1] / "proxy" / "dashboard.html").read_text(encoding="utf-8")
+    assert page == (Path(__file__).resolve().parents[1] / "proxy" / "http" / "dashboard.html").read_text(encoding="utf-8")
     assert not re.search(r"""(src|href)\s*=|@import|url\(|<link\b""", page, re.I)
     assert re.findall(r"https?://[^\s\"')]+", page) == ["http://www.w3.org/2000/svg"]  # a namespace, not a fetch
     for element_id in ("hit-rate", "efficiency", "requests", "saved-tokens", "effective-cost", "breaks", "chart",

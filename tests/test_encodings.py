@@ -1,4 +1,4 @@
-"""proxy.encodings: offline encodings (seeding tiktoken's cache, no downloads), model mapping."""
+"""proxy.tokens.encodings: offline encodings (seeding tiktoken's cache, no downloads), model mapping."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import tiktoken.load
 import tiktoken.registry
 
-from proxy import encodings
-from proxy.encodings import (
+from proxy.tokens import encodings
+from proxy.tokens.encodings import (
     TokenizerUnavailable,
     encoding_for_model,
     encoding_name_for_model,

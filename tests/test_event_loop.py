@@ -89,7 +89,7 @@ def test_a_10mb_single_letter_tool_result_does_not_stall_healthz(proxy, upstream
     assert len(latencies) >= 3 and max(latencies) < HEALTHZ_WORST_S, max(latencies)
     assert r.status_code == 200 and r.headers["x-ctxproxy-offloaded"] == "1"
     preview = sent(upstream)[3]["content"]
-    # A string this big is counted by a deterministic estimate (proxy/tokens.py), and says so.
+    # A string this big is counted by a deterministic estimate (proxy/tokens/counter.py), and says so.
     assert preview.startswith("[ctxproxy: tool result of bash stored whole (~1,250,007 tokens, 1 lines, "
                               "10,000,000 chars)") and len(preview) < 1000
 

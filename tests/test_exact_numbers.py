@@ -9,8 +9,9 @@ import httpx
 import orjson
 import pytest
 
-from proxy import jsonio
-from proxy.conversation import Conversation
+from proxy.wire.chat.codec import CHAT
+from proxy.wire import jsonio
+from proxy.wire.conversation import Conversation
 from proxy_server import ProxyServer, make_settings
 
 KEY = "sk-exact-numbers"
@@ -114,7 +115,7 @@ def test_a_long_body_still_parses_at_orjson_speed():
             times.append(time.perf_counter() - t0)
         return min(times)
     # generous: the scan for long digit runs costs a fraction of the parse itself
-    assert best(lambda: Conversation.parse(raw)) < 3 * best(lambda: orjson.loads(raw)) + 0.002
+    assert best(lambda: Conversation.parse(raw, CHAT)) < 3 * best(lambda: orjson.loads(raw)) + 0.002
 
 
 def test_big_integers_survive_compaction_and_its_replay(upstream, tmp_path):

@@ -31,8 +31,8 @@ import orjson
 import pytest
 
 import proxy.store.guarded as guarded
-from proxy.accounting import timeline_key
-from proxy.routing import tenant_id
+from proxy.accounting.accountant import timeline_key
+from proxy.http.routing import tenant_id
 from proxy.store import open_store
 from proxy_server import ProxyServer, make_settings
 from silent_server import SilentServer

@@ -16,7 +16,8 @@ import openai
 import pytest
 
 import crafted
-import proxy.accounting as accounting
+import proxy.accounting.accountant as accounting
+from proxy.wire.chat.codec import CHAT
 from proxy_server import ProxyServer, make_settings
 
 HANDLE = re.compile(r'handle="(ctx_[0-9a-f]{20})"')
@@ -214,7 +215,7 @@ def test_alignment_accounts_for_every_message_once():
     """Whatever the proxy did, each message sent and each client message is placed exactly once, in order."""
     import random
 
-    from proxy.figures import align
+    from proxy.accounting.figures import align
 
     def msg(text: str) -> dict:
         return {"role": "tool", "tool_call_id": "x", "content": text}
@@ -238,7 +239,7 @@ def test_alignment_accounts_for_every_message_once():
             if rng.random() < 0.1:
                 sent.append(b"s%d" % i)
                 messages.append({"role": "user", "content": "<agent_status>\nturn: 1"})
-        segments = align(client, sent, messages)
+        segments = align(CHAT, client, sent, messages)
         placed_sent, placed_client = [], []
         for seg in segments:
             if seg[0] == "c":
@@ -260,7 +261,7 @@ def test_alignment_accounts_for_every_message_once():
 
 
 def test_usage_of_several_calls_is_summed_in_the_providers_spelling():
-    from proxy.usage import parse_usage, summed
+    from proxy.accounting.usage import parse_usage, summed
 
     openai = [{"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105,
                "prompt_tokens_details": {"cached_tokens": 64}, "completion_tokens_details": {"reasoning_tokens": 2}},

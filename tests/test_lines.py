@@ -7,7 +7,7 @@ import re
 from hypothesis import given, settings, strategies as st
 
 from proxy.lines import Lines
-from proxy.readback import compile_pattern
+from proxy.rewrite.context_read.tool import compile_pattern
 
 # Every line break str.splitlines knows, \r\n, and a few ordinary characters (one multi-byte).
 PIECES = ["\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029",
@@ -71,7 +71,7 @@ def splitlines_placeholder(text: str, head: int, tail: int, chars: int) -> str:
 @settings(max_examples=300, deadline=None)
 @given(texts, st.integers(0, 4), st.integers(0, 4), st.integers(1, 3))
 def test_placeholders_are_byte_for_byte_what_splitting_gave(text, head, tail, chars):
-    from proxy.preview import PreviewShape, build_placeholder
+    from proxy.rewrite.preview import PreviewShape, build_placeholder
 
     shape = PreviewShape(head, tail, chars, 0.99)
     got = build_placeholder(text, what="t", handle="h", tool="r", tokens=1000, shape=shape, count=lambda _: 0)
@@ -79,7 +79,7 @@ def test_placeholders_are_byte_for_byte_what_splitting_gave(text, head, tail, ch
 
 
 def test_a_pattern_that_is_no_regex_is_searched_as_a_literal_and_nothing_raises():
-    from proxy.readback import respond
+    from proxy.rewrite.context_read.tool import respond
 
     text = "a foo( b\n[x\nfoo"
     assert respond(text, {"pattern": "foo("}, 1000, "h") == "[h: 1 lines match 'foo('; showing 1 from match 0]\n0: a foo( b"

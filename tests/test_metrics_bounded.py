@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.metrics import MAX_OTHER_MODELS, ModelLabels
+from proxy.accounting.metrics import MAX_OTHER_MODELS, ModelLabels
 from proxy_server import ProxyServer, make_settings
 
 NAMES = 5_000

@@ -221,8 +221,8 @@ def test_store_down_forwards_unmodified_and_says_so(upstream):
 
 
 def test_a_replayed_offload_never_tokenizes_the_original(upstream, tmp_path, monkeypatch):
-    from proxy.encodings import get_encoding
-    from proxy.tokens import default_counter
+    from proxy.tokens.encodings import get_encoding
+    from proxy.tokens.counter import default_counter
 
     store, text = f"sqlite:///{tmp_path}/c.db", big_log()
     with ProxyServer(offload_settings(upstream, store)) as p:  # decides, and records the decision

@@ -1,4 +1,4 @@
-"""`ctxproxy replay` and the built-in provider simulator (proxy/simulator.py), end to end.
+"""`ctxproxy replay` and the built-in provider simulator (proxy/replay/simulator.py), end to end.
 
 The baseline figures are checked against an independent implementation of the
 rules the simulator documents (rendering, o200k_base, window, OpenAI's prefix
@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy import summarizer
-from proxy.encodings import ensure_encodings, get_encoding
+from proxy.rewrite.compress import summarizer
+from proxy.tokens.encodings import ensure_encodings, get_encoding
 from proxy.replay import parse, run
 from proxy.replay.traces import example_paths
-from proxy.simulator import Simulator, ThreadedServer
+from proxy.replay.simulator import Simulator, ThreadedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = example_paths()

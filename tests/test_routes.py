@@ -6,8 +6,10 @@ import httpx
 import openai
 import pytest
 
+from proxy.wire.conversation import Conversation
+from proxy.wire.chat.codec import CHAT
 from proxy.config import build_settings
-from proxy.routing import session_id, tenant_id
+from proxy.http.routing import session_id, tenant_id
 from proxy_server import ProxyServer, make_settings
 
 
@@ -78,5 +80,5 @@ def test_tenant_is_a_keyed_hash_never_the_key():
     route = settings.routes[0]
     t = tenant_id("sk-secret-value", "salt")
     assert "sk-secret" not in t and t == tenant_id("sk-secret-value", "salt") != tenant_id("sk-secret-value", "salt2")
-    body = {"messages": [{"role": "user", "content": "x"}]}
-    assert session_id({}, t, route, body) != session_id({}, tenant_id("other", "salt"), route, body)
+    conv = Conversation.parse(b'{"messages": [{"role": "user", "content": "x"}]}', CHAT)
+    assert session_id({}, t, route, conv) != session_id({}, tenant_id("other", "salt"), route, conv)

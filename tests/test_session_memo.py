@@ -18,9 +18,10 @@ import httpx
 import orjson
 import pytest
 
-import proxy.pipeline.status as status_module
-from proxy.conversation import Conversation
-from proxy.session_memo import SessionMemo, common_prefix, scalar_leaves
+import proxy.rewrite.status_bar.transform as status_module
+from proxy.wire.chat.codec import CHAT
+from proxy.wire.conversation import Conversation
+from proxy.tokens.session_memo import SessionMemo, common_prefix, scalar_leaves
 from proxy_server import ProxyServer, make_settings
 
 KEY = "sk-memo-a"
@@ -261,13 +262,13 @@ def test_compaction_is_replayed_the_same_warm_or_cold(upstream: Any, tmp_path: A
 def test_the_memo_knows_only_strictly_identical_leading_messages() -> None:
     history = agent_history(4)
     memo = SessionMemo()
-    first = Conversation.parse(orjson.dumps({"model": "gpt-4o", "messages": history}))
+    first = Conversation.parse(orjson.dumps({"model": "gpt-4o", "messages": history}), CHAT)
     memo.recall("t1", "s", first)
     first.digests(first.client_messages)
     memo.keep("t1", "s", first)
 
     def known(tenant: str, messages: list[dict[str, Any]]) -> int:
-        conv = Conversation.parse(orjson.dumps({"model": "gpt-4o", "messages": messages}))
+        conv = Conversation.parse(orjson.dumps({"model": "gpt-4o", "messages": messages}), CHAT)
         memo.recall(tenant, "s", conv)
         assert conv.memo is not None
         return conv.memo.known
@@ -286,7 +287,7 @@ def test_the_memo_knows_only_strictly_identical_leading_messages() -> None:
 
 
 def _kept(memo: SessionMemo, messages: list[dict[str, Any]]) -> Conversation:
-    conv = Conversation.parse(orjson.dumps({"model": "gpt-4o", "messages": messages}))
+    conv = Conversation.parse(orjson.dumps({"model": "gpt-4o", "messages": messages}), CHAT)
     memo.recall("t1", "s", conv)
     conv.digests(conv.client_messages)
     return conv
@@ -295,7 +296,7 @@ def _kept(memo: SessionMemo, messages: list[dict[str, Any]]) -> Conversation:
 def test_the_memo_stays_within_its_byte_budget() -> None:
     memo = SessionMemo(max_bytes=50_000)
     for s in range(20):
-        conv = Conversation.parse(orjson.dumps({"model": "gpt-4o", "messages": agent_history(4)}))
+        conv = Conversation.parse(orjson.dumps({"model": "gpt-4o", "messages": agent_history(4)}), CHAT)
         memo.recall("t", f"s{s}", conv)
         memo.keep("t", f"s{s}", conv)
         assert memo.bytes <= 50_000

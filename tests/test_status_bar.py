@@ -197,3 +197,31 @@ def test_context_advice_fits_whether_the_route_compresses(upstream, tmp_path, co
         assert "compact" in advice and "readable" in advice and "finish" not in advice
     else:
         assert "finish the task" in advice
+
+
+@pytest.mark.parametrize("role", ["system", "developer"])
+def test_status_with_system_role_is_not_added_twice_on_a_retry(upstream, tmp_path, role):
+    """A retried request (the client sends back what the proxy sent) gets no second status, whatever its role,
+    and the cache breakpoint goes before the status, never on it."""
+    from agent_runs import TOOLS, conversation
+
+    settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/s.db",
+                             defaults={"status_bar": {"role": role}, "cache_hints": {"breakpoints": "anthropic"}})
+    with ProxyServer(settings) as p:
+        body = {"model": "gpt-4o", "messages": conversation(2), "tools": TOOLS}
+        first = httpx.post(p.url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer k"})
+        assert first.status_code == 200 and first.headers.get("x-ctxproxy-status-bar") == "1"
+        sent = json.loads(upstream.requests[-1].body)["messages"]
+        assert sent[-1]["role"] == role and "<agent_status>" in json.dumps(sent[-1])
+        assert "cache_control" not in json.dumps(sent[-1])  # the breakpoint is not on the status
+        unmarked = [{k: v for k, v in m.items()} for m in sent]
+        for m in unmarked:  # the client retries with what it has: the status the proxy put in, no markers
+            if isinstance(m.get("content"), list):
+                m["content"] = [{k: v for k, v in part.items() if k != "cache_control"} for part in m["content"]]
+                if len(m["content"]) == 1 and m["content"][0].get("type") == "text":
+                    m["content"] = m["content"][0]["text"]
+        retry = httpx.post(p.url + "/v1/chat/completions", json={**body, "messages": unmarked},
+                           headers={"authorization": "Bearer k"})
+        assert retry.status_code == 200
+        again = json.loads(upstream.requests[-1].body)["messages"]
+        assert sum("<agent_status>" in json.dumps(m) for m in again) == 1

@@ -11,8 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from proxy.archive import Archive
-from proxy.routing import tenant_id
+from proxy.store.archive import Archive
+from proxy.http.routing import tenant_id
 from proxy.store import open_store
 from proxy_server import ProxyServer, make_settings
 

@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from proxy.history import identifiers
-from proxy.summarizer import SECTIONS, summary_problem
+from proxy.wire.chat.codec import CHAT
+from proxy.rewrite.compress.history import identifiers
+from proxy.rewrite.compress.summarizer import SECTIONS, summary_problem
 from proxy_server import ProxyServer, make_settings
 from test_compress import MODEL, SUMMARY, agent_run, chat_requests, is_summary_call, post, settings
 
@@ -72,13 +73,13 @@ def test_identifiers_rank_what_the_agent_acted_on_first_and_never_repeat():
             {"role": "tool", "tool_call_id": "c1", "content": "Traceback (most recent call last):\n"
              "  File \"src/pkg/loader.py\", line 3\nModuleNotFoundError: No module named yaml (ENOENT)"},
             {"role": "assistant", "content": "The loader in src/pkg/loader.py needs tests/test_loader.py too."}]
-    ids = identifiers(msgs, 8)
+    ids = identifiers(CHAT, msgs, 8)
     assert len(ids) == len(set(ids))
     assert ids[:4] == ["src/pkg/loader.py", "load_config", "tests/test_loader.py", "ModuleNotFoundError"]
     assert "ENOENT" in ids and "https://bugs.example/7" in ids
     # the hashes and paths a log merely printed are what the cap cuts
     assert sum(1 for v in ids if v.endswith(".log") or re.fullmatch(r"[0-9a-f]{12}", v)) == 8 - 6
-    everything = identifiers(msgs, 1000)
+    everything = identifiers(CHAT, msgs, 1000)
     assert len(everything) == len(set(everything)) and "src/pkg/loader.py" in everything
 
 
@@ -129,8 +130,8 @@ def test_identifiers_take_bounded_time_on_any_text(text):
     """Compaction lists identifiers on the event loop: a long word run must not make that quadratic."""
     import subprocess
     import sys
-    code = ("import sys,time; from proxy.history import identifiers; t=sys.stdin.read(); s=time.perf_counter(); "
-            "identifiers([{'role':'assistant','content':t},{'role':'tool','tool_call_id':'c','content':t}], 400); "
+    code = ("import sys,time; from proxy.rewrite.compress.history import identifiers; from proxy.wire.chat.codec import CHAT; t=sys.stdin.read(); s=time.perf_counter(); "
+            "identifiers(CHAT, [{'role':'assistant','content':t},{'role':'tool','tool_call_id':'c','content':t}], 400); "
             "print(time.perf_counter()-s)")
     r = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

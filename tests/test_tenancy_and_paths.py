@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from proxy.config import ConfigError
-from proxy.learned_windows import LearnedWindows, overflow_limit
-from proxy.routing import api_key_of, tenant_id
+from proxy.upstream.learned_windows import LearnedWindows, overflow_limit
+from proxy.http.routing import api_key_of, tenant_id
 from proxy.store import open_store
 from proxy_server import ProxyServer, make_settings
 from test_compress import agent_run

@@ -1,4 +1,4 @@
-"""proxy.tokens: counting rules, message digests, per-message cache."""
+"""proxy.tokens.counter: counting rules, message digests, per-message cache."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import orjson
 import pytest
 import tiktoken
 
-from proxy import tokens
-from proxy.encodings import get_encoding
-from proxy.tokens import (
+from proxy.tokens import counter as tokens
+from proxy.tokens.encodings import get_encoding
+from proxy.tokens.counter import (
     IMAGE_TOKENS_DEFAULT,
     IMAGE_TOKENS_LOW_DETAIL,
     REPLY_PRIMING_TOKENS,
@@ -334,7 +334,7 @@ def test_the_estimate_is_the_same_in_another_process():
 
     text = "".join(f"line {i}: {'xy' * (i % 13)} ünïcode {i * 31337}\n" for i in range(60_000))  # 2.4 MB, varied
     here = TokenCounter().count_text(text, "gpt-4o")
-    code = ("import sys; from proxy.tokens import TokenCounter; "
+    code = ("import sys; from proxy.tokens.counter import TokenCounter; "
             "print(TokenCounter().count_text(sys.stdin.read(), 'gpt-4o'))")
     out = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, check=True,
                          encoding="utf-8")

@@ -10,7 +10,7 @@ the two are compared: rejections, prompt and cached tokens, hit rate and
 effective cost (the proxy's own summarizer calls included).
 
 With ``--simulate`` (the default without ``--upstream``) the provider is the
-built-in simulator (proxy/simulator.py): no key, no network, every figure
+built-in simulator (proxy/replay/simulator.py): no key, no network, every figure
 labelled as simulated. Without TRACE, ``--simulate`` replays the trajectories
 shipped in proxy/examples/; a TRACE that is not a file may name one of them
 (e.g. ``07`` or ``07_swe-agent_ctf_forensics-flash``).
@@ -107,11 +107,11 @@ def _progress(enabled: bool, total_base: int, total_proxy: int) -> Iterator[tupl
 
 
 def run(args: argparse.Namespace) -> int:
-    from proxy.encodings import TokenizerUnavailable, ensure_encodings, get_encoding
+    from proxy.tokens.encodings import TokenizerUnavailable, ensure_encodings, get_encoding
     from proxy.errors import ConfigError
     from proxy.replay import drive, output
     from proxy.replay.plot import LEGEND, plot
-    from proxy.simulator import ENCODING
+    from proxy.replay.simulator import ENCODING
 
     if args.window < 1000:
         raise _Fail(f"--window must be at least 1000 tokens, got {args.window}", 2)

@@ -28,9 +28,9 @@ import yaml
 from proxy.config import Settings, build_settings
 from proxy.errors import ConfigError
 from proxy.replay.traces import Trace
-from proxy.simulator import SimRecord, Simulator, ThreadedServer
-from proxy.tokens import default_counter
-from proxy.usage import parse_usage
+from proxy.replay.simulator import SimRecord, Simulator, ThreadedServer
+from proxy.tokens.counter import default_counter
+from proxy.accounting.usage import parse_usage
 
 SIMULATED_KEY = "sk-ctxproxy-simulated"  # the Authorization the replay sends to the simulator (no real key)
 CACHED_PRICE = 0.1  # a cached prompt token costs about a tenth of an uncached one
@@ -72,7 +72,7 @@ class Turn:
     turn: int  # 1-based within its trace
     index: int  # the assistant message this request was answered with
     messages: int  # messages the agent sent
-    client_tokens: int  # proxy.tokens.default_counter.count_request of what the agent sent
+    client_tokens: int  # proxy.tokens.counter.default_counter.count_request of what the agent sent
     no_proxy: Side
     ctxproxy: Side
 

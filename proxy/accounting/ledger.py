@@ -1,0 +1,55 @@
+"""One request's accounting: opened once its rewritten body is known, closed once when it ends.
+
+The handler asks the accountant once (`Accountant.open`); what it gets back
+measures the request as sent (trace, figures, the prefix check against the
+session's previous request, all computed once), gives the response headers,
+and is closed exactly once with how the request ended - relayed whole,
+streamed, cut, or failed upstream - which records it (timeline, counters,
+inspector, metrics) and returns the log line's fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from proxy.accounting.figures import Figures
+from proxy.accounting.prefix_check import PrefixCheck, Trace
+from proxy.accounting.report import event_headers
+from proxy.wire.chat.round_usage import hidden_usage
+from proxy.wire.conversation import Conversation, RequestContext
+
+if TYPE_CHECKING:
+    from proxy.accounting.accountant import Accountant, Outcome
+    from proxy.wire.chat.rounds import Rounds
+
+
+@dataclass
+class Ledger:
+    accountant: Accountant
+    ctx: RequestContext
+    conv: Conversation
+    trace: Trace
+    figures: Figures
+    check: PrefixCheck
+    outcome: Outcome
+    rounds: Rounds | None = None
+    closed: dict[str, Any] | None = field(default=None, repr=False)
+
+    def headers(self) -> dict[str, str]:
+        """What the proxy did to this request, as response headers."""
+        return event_headers(self.conv, self.figures, self.check)
+
+    def close(self, status: int, error: str | None = None) -> dict[str, Any]:
+        """Record how the request ended (once; a second close returns the first's fields)."""
+        if self.closed is not None:
+            return self.closed
+        o = self.outcome
+        o.status, o.error = status, error
+        if o.usage is None:  # the turn failed after hidden rounds the provider billed
+            o.usage = hidden_usage(self.rounds)
+        fields = self.accountant.record(self.ctx, self.conv, self.trace, self.check, o, self.figures, self.rounds)
+        if self.rounds is not None:
+            fields = {"read_rounds": self.rounds.done, **fields}
+        self.closed = fields
+        return fields

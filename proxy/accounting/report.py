@@ -1,0 +1,54 @@
+"""What the proxy did to a request, as response headers and log fields.
+
+Headers say what *this* request did (`-offloaded-new`, `-tokens-saved`,
+`-compacted`) apart from what is in effect in it (`-offloaded`: the offload
+placeholders it carries, most of them written by earlier requests); they come
+from the request's Figures, as the timeline and the counters do.
+"""
+
+from __future__ import annotations
+
+from proxy.rewrite.events import CompactionInEffect, Degraded, HistoryElsewhere, StatusAdded
+from proxy.wire.conversation import Conversation
+from proxy.accounting.figures import Figures
+from proxy.accounting.prefix_check import PrefixCheck
+
+
+def event_fields(conv: Conversation) -> dict[str, object]:
+    kinds = [e.kind for e in conv.events]
+    return {"events": kinds} if kinds else {}
+
+
+def event_headers(conv: Conversation, figures: Figures, check: PrefixCheck | None = None) -> dict[str, str]:
+    out = {}
+    if figures.placeholders or figures.offloads_new:
+        out["x-ctxproxy-offloaded"] = str(figures.placeholders)
+        out["x-ctxproxy-offloaded-new"] = str(len(figures.offloads_new))
+    out["x-ctxproxy-tokens-saved"] = str(figures.saved)
+    if figures.compacted:
+        d = figures.compaction_detail
+        out["x-ctxproxy-compacted"] = figures.compacted
+        out["x-ctxproxy-tokens-before"] = str(d["before"])
+        out["x-ctxproxy-tokens-after"] = str(d["after"])
+        if d.get("summary_rejected"):  # why the compaction fell back from a summary
+            out["x-ctxproxy-summary-rejected"] = _header_text(d["summary_rejected"])
+    for e in conv.events:
+        if isinstance(e, CompactionInEffect):
+            out["x-ctxproxy-compaction"] = str(e.version)
+        elif isinstance(e, Degraded):
+            out["x-ctxproxy-degraded"] = e.header
+        elif isinstance(e, StatusAdded):
+            out["x-ctxproxy-status-bar"] = "1"
+        elif isinstance(e, HistoryElsewhere):
+            out["x-ctxproxy-compress"] = "unavailable: the provider holds the history (previous_response_id)"
+    if check is not None:
+        out["x-ctxproxy-cacheable-tokens"] = str(check.cacheable)
+        if check.cause:
+            out["x-ctxproxy-cache-break"] = check.cause
+    return out
+
+
+def _header_text(text: str, limit: int = 200) -> str:
+    """One printable ASCII line: a header value may carry nothing else."""
+    clean = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return clean[:limit]

@@ -1,0 +1,161 @@
+"""/ctx/v1/* and /metrics: what the proxy did, for people, dashboards and scrapers.
+
+Scoped (proxy/http/admin.py): the admin token sees every tenant, a client's API key
+only its own. Every /ctx/v1 read first writes this process's pending
+accounting, so a request is visible as soon as its response has completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+
+from proxy.accounting import inspector
+from proxy.accounting.accountant import (INSPECT_MAX, SESSIONS_PREFIX, inspect_key, session_summaries, texts_key,
+                              timeline_key)
+from proxy.http.admin import Scope, scope_of
+from proxy.store.archive import Archive
+from proxy.errors import NotFound, StoreUnavailable, Unauthorized
+from proxy.http.routing import api_key_of, tenant_id
+from proxy.state import state_of
+from proxy.accounting.stats import stats
+from proxy.store import Store, StoreError
+
+RECENT_SESSIONS = 50
+_DASHBOARD = Path(__file__).with_name("dashboard.html")
+
+
+def _json(obj: object) -> Response:
+    return Response(orjson.dumps(obj), media_type="application/json")
+
+
+async def get_blob(request: Request) -> Response:
+    """The stored text behind a handle, for the tenant whose key stored it."""
+    st = state_of(request)
+    key = api_key_of(request.headers)
+    if not key:
+        raise Unauthorized("send the API key that made the request (Authorization: Bearer ...)", code="missing_api_key")
+    handle = request.path_params["handle"]
+    try:
+        text = await Archive(st.store, tenant_id(key, st.settings.tenant_salt)).get_text(handle)
+    except StoreError:
+        raise StoreUnavailable("the proxy's store is unreachable; try again shortly") from None
+    if text is None:
+        raise NotFound(f"no stored content with handle {handle!r} for this API key", code="handle_not_found")
+    return Response(text, media_type="text/plain; charset=utf-8")
+
+
+async def get_stats(request: Request) -> Response:
+    scope = scope_of(request)
+    await state_of(request).accounting.settle()
+    try:
+        return _json(await stats(state_of(request).store, scope.tenant))
+    except StoreError:
+        raise StoreUnavailable("the proxy's store is unreachable; figures are unavailable") from None
+
+
+async def _sessions(request: Request, scope: Scope | None = None) -> list[tuple[str, str]]:
+    """(tenant, session) pairs the caller may see."""
+    scope = scope or scope_of(request)
+    await state_of(request).accounting.settle()
+    prefix = SESSIONS_PREFIX + (f"{scope.tenant}:" if scope.tenant else "")
+    keys = await state_of(request).store.counters(prefix)
+    return [tuple(k[len(SESSIONS_PREFIX):].split(":", 1)) for k in keys]  # type: ignore[misc]
+
+
+async def _tenant_of(request: Request, wanted: str) -> str:
+    """The tenant of a session the caller may see; 404 otherwise (another tenant's is "not found" too)."""
+    scope = scope_of(request)
+    match = [t for t, s in await _sessions(request, scope) if s == wanted]
+    if not match:
+        whose = "for this API key" if scope.tenant else "recorded by this proxy"
+        raise NotFound(f"no session {wanted!r} {whose}", code="session_not_found")
+    return match[0]
+
+
+async def list_sessions(request: Request) -> Response:
+    try:
+        rows = await session_summaries(state_of(request).store, await _sessions(request))
+    except StoreError:
+        raise StoreUnavailable("the proxy's store is unreachable") from None
+    rows.sort(key=lambda r: r.get("last", 0), reverse=True)
+    return _json({"sessions": rows[:RECENT_SESSIONS]})
+
+
+async def get_session(request: Request) -> Response:
+    """One session's summary and timeline. The id is the rest of the path (X-Session-Id may hold `/`),
+    percent-decoded: `ctxproxy stats --session` and the dashboard send it encoded."""
+    wanted = request.path_params["session"]
+    if not wanted:  # /ctx/v1/sessions/
+        return await list_sessions(request)
+    try:
+        tenant = await _tenant_of(request, wanted)
+        store = state_of(request).store
+        (summary,) = await session_summaries(store, [(tenant, wanted)]) or (None,)
+        timeline = [orjson.loads(x) for x in await store.read_log(timeline_key(tenant, wanted))]
+    except StoreError:
+        raise StoreUnavailable("the proxy's store is unreachable") from None
+    return _json({"session": wanted, "summary": summary, "requests": timeline})
+
+
+async def get_request(request: Request) -> Response:
+    """One request of a session in the inspector: what went upstream, against what the client sent.
+
+    `{n}` is the request's number in the session's timeline (1 = the oldest kept,
+    as `ctxproxy stats --session` and the dashboard number them) or its request id.
+    """
+    wanted, which = request.path_params["session"], request.path_params["n"]
+    store = state_of(request).store
+    try:
+        tenant = await _tenant_of(request, wanted)
+        timeline = [orjson.loads(x) for x in await store.read_log(timeline_key(tenant, wanted))]
+        n = int(which) if which.isdigit() else next((i + 1 for i, e in enumerate(timeline)
+                                                     if e.get("request_id") == which), 0)
+        if not 1 <= n <= len(timeline):
+            raise NotFound(f"no request {which!r} in session {wanted!r} (it has {len(timeline)})",
+                           code="request_not_found")
+        entry = timeline[n - 1]
+        rec = await _inspect_record(store, tenant, wanted, entry["request_id"], n - 1 - len(timeline))
+        if rec is None:
+            raise NotFound(f"request {n} of session {wanted!r} has no inspector record (only the newest "
+                           f"{INSPECT_MAX} requests of a session keep one)", code="request_not_found")
+        texts = {}
+        for raw in await store.read_log(texts_key(tenant, wanted)):
+            t = orjson.loads(raw)
+            texts[t["d"]] = t["m"]
+    except StoreError:
+        raise StoreUnavailable("the proxy's store is unreachable") from None
+    return _json({"session": wanted, "request": n, "request_id": entry["request_id"], "entry": entry,
+                  **inspector.expand(rec, texts)})
+
+
+async def _inspect_record(store: Store, tenant: str, session: str, request_id: str, at: int) -> dict | None:
+    """A request's inspector record: at the position its timeline entry has counting from the newest (both
+    logs are appended together), else looked up by id."""
+    key = inspect_key(tenant, session)
+    found = _with_id(await store.read_log(key, at, at), request_id)
+    return found if found is not None else _with_id(await store.read_log(key), request_id)
+
+
+def _with_id(raws: list[bytes], request_id: str) -> dict | None:
+    for raw in raws:
+        rec = orjson.loads(raw)
+        if rec.get("id") == request_id:
+            return rec
+    return None
+
+
+async def metrics(request: Request) -> Response:
+    """In-process figures, rendered in a worker thread: a large scrape never holds up the requests being proxied
+    (and never waits for the store)."""
+    text = await asyncio.to_thread(state_of(request).metrics.render)
+    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def dashboard(request: Request) -> Response:
+    """One self-contained page (no build step, no external assets) over the JSON endpoints."""
+    return HTMLResponse(_DASHBOARD.read_text(encoding="utf-8"))

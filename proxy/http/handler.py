@@ -1,0 +1,95 @@
+"""The request path of every API with a codec (chat, responses), top to bottom.
+
+parse → route/session → rewrite → send (overflow retry) → hidden rounds → relay → account.
+Each step is a call into its own module; `handle` only sequences them. The
+accountant is asked once per request (`open`), and its ledger closed once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.accounting.accountant import Outcome, usage_from_events
+from proxy.accounting.ledger import Ledger
+from proxy.accounting.report import event_fields
+from proxy.accounting.usage import Usage
+from proxy.errors import ProxyError
+from proxy.http.relay import error_response, relay_response, relay_stream
+from proxy.http.request_run import RequestRun, context, parse, stream_events
+from proxy.http.send import Sent, send_upstream
+from proxy.rewrite.pipeline import run_pipeline
+from proxy.state import state_of
+from proxy.store.archive import Archive
+from proxy.upstream.client import iter_raw, read_body, response_headers
+from proxy.wire.codec import Codec
+
+SSE = "text/event-stream"
+
+
+async def handle(request: Request, wire: Codec) -> Response:
+    st, run = state_of(request), RequestRun.start(request)
+    try:
+        conv = await parse(st, request, wire)
+        ctx = await context(st, request, conv, run)
+        conv = await run_pipeline(st.pipelines[ctx.route.name], conv, ctx)
+        hide_usage = wire.ask_for_usage(conv)
+        sent = await send_upstream(st, request, conv, ctx, run)
+    except ProxyError as err:
+        return await run.failed(st, err)
+    outcome = Outcome(overhead_s=run.t_sent - run.t0, upstream_s=time.perf_counter() - run.t_sent,
+                      own=usage_from_events(sent.conv), accepted=sent.resp.status_code < 300)
+    st.memo.keep(sent.ctx.tenant, sent.ctx.session, sent.conv)
+    ledger = await st.accounting.open(sent.ctx, sent.conv, outcome)
+    run.headers.update(ledger.headers())
+    run.log.update(rewritten=sent.conv.changed, overhead_ms=round(outcome.overhead_s * 1000, 3),
+                   upstream_headers_ms=round(outcome.upstream_s * 1000, 3), **event_fields(sent.conv))
+    if sent.conv.read_tool is not None:
+        ledger.rounds = wire.read_rounds(sent.conv, sent.conv.read_tool, Archive(st.store, sent.ctx.tenant))
+    if sent.resp.headers.get("content-type", "").startswith(SSE):
+        return _streamed(sent, ledger, run, wire, hide_usage)
+    return await _whole(sent, ledger, run, wire)
+
+
+def _streamed(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, hide_usage: bool) -> Response:
+    """Relayed chunk by chunk as it arrives; however the stream ends, the ledger is closed once with how."""
+    rounds, resp = ledger.rounds, sent.resp
+    chunks = iter_raw(resp, sent.url) if rounds is None else wire.stream(sent.send, resp, sent.url, rounds)
+
+    def on_usage(usage: Usage) -> None:
+        ledger.outcome.usage = usage
+
+    async def relay() -> AsyncIterator[bytes]:
+        status, error, size = resp.status_code, None, 0
+        try:
+            async for chunk, status, error in stream_events(wire.watch_stream(chunks, on_usage, hide_usage),
+                                                            resp.status_code, run, wire):
+                size += len(chunk)
+                yield chunk
+        finally:
+            run.finish(ledger.close(status, error), status=status, error=error, bytes_out=size)
+
+    headers = response_headers(resp.headers, decoded=True) + list(run.headers.items())
+    return relay_stream(relay(), resp.status_code, headers)
+
+
+async def _whole(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec) -> Response:
+    """Read whole (the hidden rounds answered first), then relayed with its usage accounted."""
+    resp, rounds = sent.resp, ledger.rounds
+    try:
+        if rounds is None:
+            content = await read_body(resp, sent.url)
+        else:
+            resp, content = await wire.complete(sent.send, resp, sent.url, rounds)
+            run.headers["x-ctxproxy-read-rounds"] = str(rounds.done)
+    except ProxyError as err:
+        run.finish(ledger.close(err.status, err.code), status=err.status, error=err.code)
+        return error_response(err, run.headers)
+    if resp.status_code == 200:
+        ledger.outcome.usage = wire.usage_of_reply(content)
+    run.finish(ledger.close(resp.status_code), status=resp.status_code, bytes_out=len(content))
+    return relay_response(content, resp.status_code, response_headers(resp.headers, decoded=True)
+                          + list(run.headers.items()))

@@ -1,0 +1,68 @@
+"""Every other /v1/* request, forwarded unchanged: method, query, body, status, headers, streams.
+
+The proxy manages chat context; for models, embeddings, responses, files and
+whatever a provider adds next it is a transparent pipe with the route's
+upstream and credentials.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.http.request_run import new_request_id
+from proxy.errors import ProxyError
+from proxy.logs import event
+from proxy.http.relay import error_response, read_body, relay_response, relay_stream
+from proxy.http.routing import resolve_route
+from proxy.state import state_of
+from proxy.upstream.client import iter_raw, request_headers, response_headers, upstream_url
+
+# Bodies at most this large with a declared length are relayed in one piece
+# (keeping Content-Length); anything else streams.
+_BUFFER_LIMIT = 1024 * 1024
+
+
+def _model_of(body: bytes, content_type: str) -> str | None:
+    if not body or "json" not in content_type:
+        return None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    return model if isinstance(model, str) else None
+
+
+async def passthrough(request: Request) -> Response:
+    st = state_of(request)
+    t0 = time.perf_counter()
+    rid = new_request_id()
+    log: dict[str, object] = {"request_id": rid, "method": request.method, "path": request.url.path}
+    try:
+        body = await read_body(request, st.settings.server)
+        route = resolve_route(st.settings, request.path_params.get("route"), request.headers,
+                              _model_of(body, request.headers.get("content-type", "")))
+        log["route"] = route.name
+        url = upstream_url(route.upstream, request.path_params["path"], request.url.query)
+        resp = await st.upstream.send(request.method, url, request_headers(request.headers.items(), route.upstream),
+                                      body or None, route.upstream)
+    except ProxyError as err:
+        event("request", status=err.status, error=err.code, **log)
+        return error_response(err, {"x-ctxproxy-request-id": rid})
+    headers = response_headers(resp.headers) + [("x-ctxproxy-request-id", rid), ("x-ctxproxy-route", route.name)]
+    log.update(status=resp.status_code, overhead_ms=round((time.perf_counter() - t0) * 1000, 3))
+    declared = resp.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) <= _BUFFER_LIMIT:
+        try:
+            content = b"".join([c async for c in iter_raw(resp, url)])
+        except ProxyError as err:
+            event("request", **{**log, "status": err.status, "error": err.code})
+            return error_response(err, {"x-ctxproxy-request-id": rid})
+        event("request", **log)
+        return relay_response(content, resp.status_code, headers)
+    event("request", **log)
+    return relay_stream(iter_raw(resp, url), resp.status_code, headers)

@@ -1,0 +1,123 @@
+"""The steps of the request path that are not the pipeline: parsing, route/session, the request's log line.
+
+`RequestRun` carries what every step adds to (its id, its clock, the headers
+the client gets, the fields of its one log line) and ends the request exactly
+once: `finish` writes the log line, `failed` turns a ProxyError into the
+client's error response (accounting a request that reached the upstream).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.accounting.accountant import Outcome, usage_from_events
+from proxy.errors import ProxyError, UpstreamUnreachable, error_body
+from proxy.http.relay import error_response, read_body
+from proxy.http.routing import api_key_of, resolve_route, session_id, tenant_id
+from proxy.logs import event, log as logger
+from proxy.state import ProxyState
+from proxy.upstream.client import request_headers
+from proxy.upstream.windows import context_window
+from proxy.wire.codec import Codec
+from proxy.wire.conversation import Conversation, RequestContext
+from proxy.wire.sse import StreamCutShort
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(8)
+
+
+@dataclass
+class RequestRun:
+    request_id: str
+    t0: float
+    log: dict[str, object]
+    headers: dict[str, str]
+    t_sent: float = 0.0  # when the rewritten request went upstream (0: it never did)
+    ctx: RequestContext | None = None
+    conv: Conversation | None = field(default=None, repr=False)
+
+    @classmethod
+    def start(cls, request: Request) -> RequestRun:
+        rid = new_request_id()
+        return cls(rid, time.perf_counter(), {"request_id": rid, "path": request.url.path},
+                   {"x-ctxproxy-request-id": rid})
+
+    def finish(self, fields: dict[str, object], **more: object) -> None:
+        """The request's one log line."""
+        self.log.update(fields)
+        self.log.update({k: v for k, v in more.items() if v is not None})
+        self.log["total_ms"] = round((time.perf_counter() - self.t0) * 1000, 3)
+        event("request", **self.log)
+
+    async def failed(self, st: ProxyState, err: ProxyError) -> Response:
+        """The client's error; a request that reached the upstream step is accounted as one failed request."""
+        fields: dict[str, object] = {}
+        if self.ctx is not None and self.conv is not None and self.t_sent:
+            outcome = Outcome(overhead_s=self.t_sent - self.t0, own=usage_from_events(self.conv))
+            ledger = await st.accounting.open(self.ctx, self.conv, outcome)
+            fields = ledger.close(err.status, err.code)
+        self.finish(fields, status=err.status, error=err.code)
+        return error_response(err, self.headers)
+
+
+async def parse(st: ProxyState, request: Request, wire: Codec) -> Conversation:
+    """The body, bounded and checked, as the API-neutral conversation (a 4xx for anything malformed)."""
+    return Conversation.parse(await read_body(request, st.settings.server), wire)
+
+
+async def context(st: ProxyState, request: Request, conv: Conversation, run: RequestRun) -> RequestContext:
+    """Route, tenant, session and window; then the rest of parsing (only items new to the session)."""
+    try:
+        ctx = await _context(st, request, conv, run.request_id)
+    except Exception:
+        conv.check_messages()  # a bad body is reported first, as it always has been
+        raise
+    conv.check_messages(st.memo.recall(ctx.tenant, ctx.session, conv))
+    run.ctx, run.conv = ctx, conv
+    run.log.update(route=ctx.route.name, model=ctx.model, session=ctx.session, tenant=ctx.tenant, stream=ctx.stream,
+                   messages=len(conv.messages), bytes_in=len(conv.raw))
+    run.headers.update({"x-ctxproxy-route": ctx.route.name, "x-ctxproxy-session": ctx.session})
+    return ctx
+
+
+async def _context(st: ProxyState, request: Request, conv: Conversation, request_id: str) -> RequestContext:
+    model = conv.model
+    route = resolve_route(st.settings, request.path_params.get("route"), request.headers, model)
+    tenant = tenant_id(api_key_of(request.headers), st.settings.tenant_salt)
+    window = context_window(st.settings, model, route.context_window)
+    learned = await st.windows.get(tenant, route.name, model)
+    return RequestContext(request_id=request_id, route=route, tenant=tenant,
+                          session=session_id(request.headers, tenant, route, conv), model=model,
+                          stream=conv.wire.is_stream(conv.body), store=st.store,
+                          archive_quota=st.settings.store_quota_bytes,
+                          window=min(window, learned or window), upstream=st.upstream,
+                          upstream_headers=request_headers(request.headers.items(), route.upstream,
+                                                           identity_encoding=True))
+
+
+async def stream_events(chunks: AsyncIterator[bytes], status: int, run: RequestRun,
+                        wire: Codec) -> AsyncIterator[tuple[bytes, int, str | None]]:
+    """(chunk, status, error) as chunks arrive; a broken stream ends with one error event, never a hang."""
+    first: float | None = None
+    try:
+        async for chunk in chunks:
+            if first is None:
+                first = time.perf_counter()
+                run.log["ttfb_ms"] = round((first - run.t0) * 1000, 3)
+            yield chunk, status, None
+    except ProxyError as err:
+        yield wire.stream_error(err.body()), err.status, err.code
+    except StreamCutShort as cut:
+        err = UpstreamUnreachable(f"upstream stream ended early: {cut}", code="upstream_stream_cut")
+        yield wire.stream_error(err.body()), err.status, err.code
+    except Exception as exc:  # a proxy bug: the headers are out, so say it in the stream rather than cut it
+        logger.error("unexpected error in a stream", exc_info=exc, extra={"fields": {"request_id": run.request_id}})
+        yield (wire.stream_error(error_body("internal proxy error; see the proxy log", "proxy_error",
+                                            "internal_error")), 500, "internal_error")

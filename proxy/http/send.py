@@ -1,0 +1,74 @@
+"""Sending the rewritten request upstream, and the one retry a context overflow earns.
+
+When the provider rejects the request as longer than the model's context
+(`context_length_exceeded` and its other spellings, proxy/upstream/learned_windows.py),
+the window it names is learned for the tenant, route and model, the client's
+request is rewritten again for that window, and sent once more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import httpx
+from starlette.requests import Request
+
+from proxy.accounting.figures import carry_events
+from proxy.http.request_run import RequestRun
+from proxy.logs import event
+from proxy.rewrite.pipeline import run_pipeline
+from proxy.state import ProxyState
+from proxy.upstream.client import read_body, upstream_url
+from proxy.upstream.learned_windows import overflow_limit
+from proxy.wire.codec import Send
+from proxy.wire.conversation import Conversation, RequestContext
+
+
+@dataclass
+class Sent:
+    """What went upstream (after a retry: the retried request) and the provider's first response."""
+
+    conv: Conversation
+    ctx: RequestContext
+    resp: httpx.Response
+    url: str
+    send: Send  # for the hidden rounds: more requests to the same place
+
+
+async def send_upstream(st: ProxyState, request: Request, conv: Conversation, ctx: RequestContext,
+                        run: RequestRun) -> Sent:
+    url = upstream_url(ctx.route.upstream, conv.wire.path, request.url.query)
+
+    async def send(payload: bytes) -> httpx.Response:
+        return await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
+
+    run.t_sent = time.perf_counter()
+    resp = await send(conv.to_bytes())
+    if resp.status_code == 400 and ctx.model:
+        resp, conv, ctx = await _retry_if_overflow(st, resp, url, send, conv, ctx, run)
+    return Sent(conv, ctx, resp, url, send)
+
+
+async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, send: Send, conv: Conversation,
+                             ctx: RequestContext, run: RequestRun
+                             ) -> tuple[httpx.Response, Conversation, RequestContext]:
+    """On a context overflow, learn the window it names, rewrite to fit, and try once more."""
+    content = await read_body(resp, url)
+    sent = sum(conv.counts(conv.messages)) + conv.wire.output_reserve(conv.body)
+    limit = overflow_limit(content, sent)
+    if limit is None or limit >= ctx.window:
+        return httpx.Response(resp.status_code, headers=resp.headers, content=content, request=resp.request), conv, ctx
+    await st.windows.learn(ctx.tenant, ctx.route.name, ctx.model or "", limit)
+    run.headers["x-ctxproxy-window-learned"] = str(limit)
+    event("learned context window from provider", request_id=ctx.request_id, route=ctx.route.name,
+          model=ctx.model, window=limit)
+    ctx = dataclasses.replace(ctx, window=limit)
+    first, conv = conv, Conversation.parse(conv.raw, conv.wire)
+    carry_events(first, conv)  # what the first run stored (offloads, compactions) still counts
+    st.memo.recall(ctx.tenant, ctx.session, conv)
+    conv = await run_pipeline(st.pipelines[ctx.route.name], conv, ctx)
+    conv.wire.ask_for_usage(conv)
+    run.ctx, run.conv = ctx, conv
+    return await send(conv.to_bytes()), conv, ctx

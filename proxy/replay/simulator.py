@@ -1,0 +1,572 @@
+"""A built-in provider SIMULATOR: an OpenAI-compatible chat endpoint that needs no API key and calls no model.
+
+It exists so that ctxproxy can be seen working without a provider
+(``ctxproxy replay --simulate``, or ``python -m proxy.replay.simulator`` to put it
+behind ``ctxproxy serve``). Everything it answers is marked as simulated: the
+``x-ctxproxy-simulated: 1`` response header, ``system_fingerprint:
+"ctxproxy-simulator"``, and the text of its answers.
+
+What it simulates, and how (the rules are exact so that anyone can recompute
+its figures):
+
+* **Prompt tokens.** A chat request is rendered as token *chunks*: first, if
+  the request has ``tools``, the text ``"<|tools|>" + json.dumps(tools)``; then
+  one chunk per message, ``render_message(m)``:
+  ``<|{role}|>[ name={name}]\\n{content text}`` followed, for each tool call,
+  by ``\\n<tool_call id={id}>{name}({arguments})``, then
+  ``\\n<tool_call_id={id}>`` for a tool message, then ``<|end|>\\n``. Content
+  text: a string as is; a list of parts joined by ``\\n`` (a part's ``text``,
+  ``[image]`` for an image, else its JSON with sorted keys). Each chunk is
+  tokenized on its own with o200k_base (``encode_ordinary``); the prompt is
+  the concatenation, ``prompt_tokens`` its length.
+* **The context window.** ``prompt_tokens`` plus the completion budget asked
+  for (``max_completion_tokens`` or ``max_tokens``, else 0) over the window is
+  answered with HTTP 400 ``context_length_exceeded`` in OpenAI's error shape
+  and wording. A rejected request is not billed and not cached.
+* **Prompt caching, as OpenAI reports it.** ``usage.prompt_tokens_details.
+  cached_tokens`` is the longest common token prefix with any earlier
+  accepted request of the same ``Authorization`` header and ``model``: 0 when
+  under 1,024 tokens, else rounded down to a multiple of 128. Nothing expires.
+* **Answers.** ``"ok"`` to ordinary requests (a replay ignores them), and a
+  deterministic, *extractive* answer to ctxproxy's own summarizer calls
+  (recognised by their system prompt, :data:`proxy.rewrite.compress.summarizer.SYSTEM_PROMPT`
+  or :data:`proxy.rewrite.compress.summarizer.FACT_PROMPT`, or in the cached shape by a last
+  message opening with :data:`proxy.rewrite.compress.summarizer.COMPACTION_OPEN`, whose span
+  is the conversation above it after the head): the requested section headings,
+  each followed by a few lines copied from the transcript. Real summaries are
+  written by a model; these only stand in for their size and shape.
+
+Every request is appended to :attr:`Simulator.log` (kind, status, prompt,
+cached and completion tokens), so a caller can count what the provider saw,
+including the proxy's own calls. ``stream: true`` is answered as SSE, with a
+usage chunk when ``stream_options.include_usage`` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from proxy.rewrite.compress import summarizer
+from proxy.rewrite.compress.history import head_end
+from proxy.wire.chat.codec import CHAT
+from proxy.tokens.encodings import ensure_encodings, get_encoding
+
+DEFAULT_WINDOW = 32_000
+ENCODING = "o200k_base"
+CACHE_MIN_TOKENS = 1024  # OpenAI: no cache hit below this prefix length ...
+CACHE_BLOCK = 128  # ... and hits grow in 128-token steps
+SIMULATED_HEADER = "x-ctxproxy-simulated"
+FINGERPRINT = "ctxproxy-simulator"
+ORDINARY_ANSWER = "ok"
+SUMMARY_NOTE = ("_(simulated summary: lines copied from the transcript by ctxproxy's provider simulator; "
+                "no model was called)_")
+_LINE_CHARS = 160  # an extracted line, at most this many characters
+_SECTION_LINES = 4  # lines per summary section
+
+Chunk = tuple[int, ...]
+
+
+# --------------------------------------------------------------------------- rendering and tokens
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "prompt_cache_breakpoint":
+                continue  # a cache marker, not content
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                out.append(part["text"])
+            elif isinstance(part, dict) and part.get("type") in ("image_url", "input_image", "image"):
+                out.append("[image]")
+            else:
+                out.append(json.dumps(part, sort_keys=True))
+        return "\n".join(out)
+    return json.dumps(content, sort_keys=True)
+
+
+def render_message(msg: Any) -> str:
+    """The text one message costs (see the module docstring)."""
+    if not isinstance(msg, dict):
+        return f"<|invalid|>{json.dumps(msg)}<|end|>\n"
+    head = f"<|{msg.get('role', '')}|>"
+    if msg.get("name"):
+        head += f" name={msg['name']}"
+    parts = [head, "\n", _content_text(msg.get("content"))]
+    for call in msg.get("tool_calls") or []:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            parts.append(f"\n<tool_call id={call.get('id')}>{fn.get('name')}({fn.get('arguments')})")
+        else:
+            parts.append(f"\n<tool_call>{json.dumps(call, sort_keys=True)}")
+    if msg.get("tool_call_id"):
+        parts.append(f"\n<tool_call_id={msg['tool_call_id']}>")
+    parts.append("<|end|>\n")
+    return "".join(parts)
+
+
+class _Tokens:
+    """o200k_base token tuples memoized by text: a replay resends the same messages every turn."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._memo: dict[str, Chunk] = {}
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def __call__(self, text: str) -> Chunk:
+        hit = self._memo.get(text)
+        if hit is None:
+            hit = tuple(get_encoding(ENCODING).encode_ordinary(text))
+            with self._lock:
+                if len(self._memo) >= self._capacity:
+                    self._memo.clear()
+                self._memo[text] = hit
+        return hit
+
+
+tokens = _Tokens()
+
+
+def prompt_chunks(body: Mapping[str, Any]) -> list[Chunk]:
+    """Token chunks of a chat request: one for `tools` if any, then one per message."""
+    chunks = [tokens("<|tools|>" + json.dumps(body["tools"]))] if body.get("tools") else []
+    chunks += [tokens(render_message(m)) for m in body.get("messages") or []]
+    return chunks
+
+
+def prompt_tokens(body: Mapping[str, Any]) -> int:
+    """What the simulator bills as `prompt_tokens` for a chat request."""
+    return sum(len(c) for c in prompt_chunks(body))
+
+
+def billable_cached(common_prefix: int) -> int:
+    """OpenAI's rule: 0 under 1,024 tokens, else rounded down to a multiple of 128."""
+    return 0 if common_prefix < CACHE_MIN_TOKENS else common_prefix // CACHE_BLOCK * CACHE_BLOCK
+
+
+def common_prefix_len(a: Chunk, b: Chunk) -> int:
+    """Early-exit LCP; slice comparisons (C speed) skip long equal runs quickly."""
+    n, i = min(len(a), len(b)), 0
+    while i + 256 <= n and a[i:i + 256] == b[i:i + 256]:
+        i += 256
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class _Node:
+    __slots__ = ("children", "last_used")
+
+    def __init__(self, now: float) -> None:
+        self.children: dict[Chunk, _Node] = {}
+        self.last_used = now
+
+
+class PrefixCache:
+    """Earlier prompts per cache scope, as a trie of per-message token chunks.
+
+    One dict lookup per message, so replaying long trajectories stays linear;
+    only the first differing message is compared token by token. A node's
+    `last_used` is refreshed by every prompt passing through it, so `ttl`
+    expires prefixes after inactivity, like OpenAI's cache. (Caveat: when a
+    message is a strict token prefix of the earlier one at that position,
+    matching stops at the message boundary; with every message ending in
+    ``<|end|>`` this does not arise in practice.) The test suite's mock
+    provider uses this same class.
+    """
+
+    def __init__(self) -> None:
+        self._roots: dict[tuple[str, str], _Node] = {}
+
+    def clear(self) -> None:
+        self._roots.clear()
+
+    def match_and_store(self, scope: tuple[str, str], chunks: Sequence[Chunk], now: float = 0.0,
+                        ttl: float | None = None) -> int:
+        """Longest common token prefix with any live earlier prompt of the scope; then remember this one."""
+        node = self._roots.setdefault(scope, _Node(now))
+        matched, matching = 0, True
+        for chunk in chunks:
+            child = None
+            if matching:
+                if ttl is not None:
+                    for key in [k for k, c in node.children.items() if now - c.last_used > ttl]:
+                        del node.children[key]
+                child = node.children.get(chunk)
+                if child is not None:
+                    matched += len(chunk)
+                else:
+                    matched += max((common_prefix_len(chunk, k) for k in node.children), default=0)
+                    matching = False
+            if child is None:
+                child = node.children[chunk] = _Node(now)
+            child.last_used = now
+            node = child
+        return matched
+
+
+# --------------------------------------------------------------------------- the proxy's own calls
+
+_PATH = re.compile(r"(?:\.{0,2}/)?(?:[\w.-]+/)+[\w.-]+|\b[\w-]+\.(?:py|pyi|js|ts|tsx|json|md|txt|ya?ml|toml|cfg|"
+                   r"ini|c|h|cc|cpp|go|rs|java|rb|sh|html|css|sql|lock|log|pony)\b")
+_VERIFIED = re.compile(r"\b(pass(?:ed|es)?|ok|success(?:ful(?:ly)?)?|works?|fixed|confirmed|resolved|"
+                       r"completed?)\b", re.I)
+_FAILED = re.compile(r"\b(error|errors|fail(?:ed|s|ure)?|exception|traceback|not found|no such|denied|invalid|"
+                     r"cannot|unable)\b", re.I)
+_TODO = re.compile(r"\b(todo|need to|needs to|should|next|remaining|still|will)\b", re.I)
+_STOP = frozenset("what which where when how does did have been were with that this from into them they "
+                  "there their about answer only question transcript tersely keeping".split())
+
+
+@dataclass
+class _Block:
+    label: str  # "system", "user", "assistant", "tool result (name)", ...
+    lines: list[str]
+
+
+def _transcript(text: str) -> list[_Block]:
+    """The summarizer's transcript (proxy/rewrite/compress/summarizer.py render()) back into labelled blocks."""
+    text = text.split("<transcript>", 1)[-1].split("</transcript>", 1)[0]
+    blocks: list[_Block] = []
+    for line in text.splitlines():
+        if line.startswith("### "):
+            blocks.append(_Block(line[4:].strip(), []))
+        elif blocks:
+            stripped = line.strip()
+            if stripped and not stripped.startswith("[…"):
+                blocks[-1].lines.append(stripped)
+    return blocks
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= _LINE_CHARS else line[:_LINE_CHARS - 1] + "…"
+
+
+def _pick(lines: list[str], limit: int = _SECTION_LINES, newest: bool = False) -> list[str]:
+    seen: dict[str, None] = {}
+    for line in lines:
+        seen.setdefault(_cut(line), None)
+    out = list(seen)
+    return out[-limit:] if newest else out[:limit]
+
+
+def extractive_summary(transcript: str) -> str:
+    """A deterministic stand-in for ctxproxy's summary: each requested heading with lines copied from the transcript."""
+    blocks = _transcript(transcript)
+    user = [b for b in blocks if b.label == "user" and not (b.lines and b.lines[0].startswith("<agent_status>"))]
+    assistant = [b for b in blocks if b.label == "assistant"]
+    tools = [b for b in blocks if b.label.startswith("tool")]
+    every = [line for b in blocks for line in b.lines]
+    sections = {
+        "Goal and constraints": _pick(user[0].lines if user else every, 3),
+        "Decisions and why": _pick([b.lines[0] for b in assistant if b.lines], newest=True),
+        "Files and artifacts": _pick([m.group(0) for line in every for m in _PATH.finditer(line)
+                                      if re.search(r"[A-Za-z]", m.group(0))], 6),
+        "Verified state": _pick([x for b in tools for x in b.lines if _VERIFIED.search(x)], newest=True),
+        "Open TODOs": _pick([x for b in assistant + user for x in b.lines if _TODO.search(x)], 3, newest=True),
+        "Approaches that failed": _pick([x for b in tools for x in b.lines if _FAILED.search(x)], newest=True),
+        "Next step": _pick(assistant[-1].lines if assistant else [], 1),
+    }
+    out = [SUMMARY_NOTE]
+    for heading in summarizer.SECTIONS:
+        out.append(f"\n## {heading}")
+        out += [f"- {x}" for x in sections.get(heading) or []] or ["- none found in the transcript"]
+    return "\n".join(out)
+
+
+def extractive_fact(transcript: str, question: str) -> str:
+    """A deterministic stand-in for a facts-strategy answer: the transcript lines sharing most words with the
+    question."""
+    words = {w for w in re.findall(r"[a-z]{4,}", question.lower()) if w not in _STOP}
+    scored = []
+    for n, line in enumerate(x for b in _transcript(transcript) for x in b.lines):
+        score = len(words & set(re.findall(r"[a-z]{4,}", line.lower())))
+        if score:
+            scored.append((-score, n, line))
+    best = sorted(scored)[:3]
+    if not best:
+        return "(simulated) none"
+    return "(simulated: lines copied from the transcript)\n" + "\n".join(
+        f"- {_cut(line)}" for _, _, line in sorted(best, key=lambda x: x[1]))
+
+
+def call_kind(body: Mapping[str, Any]) -> str:
+    """"summary" / "facts" for ctxproxy's summarizer calls, else "turn"."""
+    messages = body.get("messages") or []
+    first = messages[0] if messages and isinstance(messages[0], dict) else {}
+    system = first.get("content") if first.get("role") == "system" else None
+    if system == summarizer.SYSTEM_PROMPT:
+        return "summary"
+    if isinstance(system, str) and system.startswith(summarizer.FACT_PROMPT):
+        return "facts"
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    text = last.get("content") if last.get("role") == "user" else None
+    if isinstance(text, str) and text.startswith(summarizer.COMPACTION_OPEN):
+        return "facts" if "\nQuestion: " in text else "summary"
+    return "turn"
+
+
+def _answer(kind: str, body: Mapping[str, Any]) -> str:
+    if kind == "turn":
+        return ORDINARY_ANSWER
+    messages = body.get("messages") or []
+    user = _content_text(messages[-1].get("content")) if len(messages) > 1 and isinstance(messages[-1], dict) else ""
+    if user.startswith(summarizer.COMPACTION_OPEN):  # the cached shape: the span is the conversation above
+        span = [m for m in messages[head_end(CHAT, messages):-1] if isinstance(m, dict)]
+        question = user.split("\nQuestion: ", 1)[1].split("\n", 1)[0] if "\nQuestion: " in user else ""
+        user = summarizer.render(CHAT, span) + (f"\n\nQuestion: {question}" if question else "")
+    if kind == "summary":
+        return extractive_summary(user)
+    transcript, _, question = user.rpartition("\n\nQuestion: ")
+    return extractive_fact(transcript or user, question)
+
+
+# --------------------------------------------------------------------------- the simulator
+
+def error_body(message: str, *, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def overflow_message(window: int, prompt: int, budget: int) -> str:
+    """OpenAI's wording of `context_length_exceeded`."""
+    if budget:
+        return (f"This model's maximum context length is {window} tokens. However, you requested "
+                f"{prompt + budget} tokens ({prompt} in the messages, {budget} in the completion). "
+                f"Please reduce the length of the messages or completion.")
+    return (f"This model's maximum context length is {window} tokens. However, your messages resulted in "
+            f"{prompt} tokens. Please reduce the length of the messages.")
+
+
+@dataclass
+class SimRecord:
+    """One request the simulator received."""
+
+    kind: str  # "turn" (an ordinary request), "summary" / "facts" (ctxproxy's summarizer), "invalid"
+    model: str
+    status: int
+    prompt_tokens: int  # counted even when rejected (then not billed)
+    cached_tokens: int
+    completion_tokens: int
+    error: str | None = None  # OpenAI error code, e.g. "context_length_exceeded"
+
+    @property
+    def billed(self) -> bool:
+        return self.status == 200
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Simulator:
+    """The simulated provider; an ASGI app (``simulator.app``) and a plain function (``complete``).
+
+    ``window``: the context window of every model, unless ``windows`` names one.
+    """
+
+    def __init__(self, window: int = DEFAULT_WINDOW, windows: Mapping[str, int] | None = None) -> None:
+        self.window = window
+        self.windows = dict(windows or {})
+        self.cache = PrefixCache()
+        self.log: list[SimRecord] = []
+        self._lock = threading.Lock()
+        self._seq = 0
+        self.app = Starlette(routes=[
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/healthz", self._health, methods=["GET"]),
+        ])
+
+    def window_for(self, model: str) -> int:
+        return self.windows.get(model, self.window)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not scope["path"].startswith(("/v1/chat/completions", "/v1/models",
+                                                                     "/healthz")):
+            resp = _json(404, error_body(f"Invalid URL ({scope.get('method')} {scope['path']}) "
+                                         "(ctxproxy simulator: only /v1/chat/completions and /v1/models)"))
+            await resp(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    # ---- the core, usable without HTTP
+
+    def complete(self, body: Any, authorization: str = "") -> tuple[int, dict[str, Any]]:
+        """Answer one chat request: (HTTP status, JSON body), and log it."""
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or "model" not in body:
+            what = "a JSON object with 'model' and a 'messages' array"
+            self._record(SimRecord("invalid", str(body.get("model", "")) if isinstance(body, dict) else "", 400,
+                                   0, 0, 0, "invalid_request"))
+            return 400, error_body(f"ctxproxy simulator: expected {what}.", code="invalid_request")
+        model = str(body["model"])
+        kind = call_kind(body)
+        chunks = prompt_chunks(body)
+        prompt = sum(len(c) for c in chunks)
+        budget = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+        budget = budget if isinstance(budget, int) else 0
+        window = self.window_for(model)
+        if prompt + budget > window:
+            self._record(SimRecord(kind, model, 400, prompt, 0, 0, "context_length_exceeded"))
+            return 400, error_body(overflow_message(window, prompt, budget), param="messages",
+                                   code="context_length_exceeded")
+        with self._lock:
+            cached = billable_cached(self.cache.match_and_store((authorization, model), chunks))
+        text = _answer(kind, body)
+        completion = tokens(text)
+        if budget and len(completion) > budget:
+            text = get_encoding(ENCODING).decode(list(completion[:budget]))
+            completion = completion[:budget]
+        usage = {"prompt_tokens": prompt, "completion_tokens": len(completion),
+                 "total_tokens": prompt + len(completion),
+                 "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+                 "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+                                               "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}}
+        n = self._record(SimRecord(kind, model, 200, prompt, cached, len(completion)))
+        return 200, {"id": f"chatcmpl-sim{n}", "object": "chat.completion", "created": int(time.time()),
+                     "model": model, "system_fingerprint": FINGERPRINT,
+                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                                  "logprobs": None, "finish_reason": "stop"}],
+                     "usage": usage}
+
+    def _record(self, rec: SimRecord) -> int:
+        with self._lock:
+            self.log.append(rec)
+            self._seq += 1
+            return self._seq
+
+    # ---- HTTP
+
+    async def _chat(self, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            return _json(400, error_body("We could not parse the JSON body of your request. (ctxproxy simulator)"))
+        status, out = self.complete(body, request.headers.get("authorization", ""))
+        if status != 200 or body.get("stream") is not True:
+            return _json(status, out)
+        include = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage") is True
+        return StreamingResponse(_sse(out, include), media_type="text/event-stream",
+                                 headers={SIMULATED_HEADER: "1", "cache-control": "no-cache"})
+
+    async def _models(self, request: Request) -> Response:
+        names = sorted(self.windows) or []
+        return _json(200, {"object": "list", "data": [
+            {"id": m, "object": "model", "created": 0, "owned_by": "ctxproxy-simulator"} for m in names]})
+
+    async def _health(self, request: Request) -> Response:
+        return _json(200, {"status": "ok", "simulated": True})
+
+
+def _json(status: int, obj: Any) -> Response:
+    return Response(json.dumps(obj, ensure_ascii=False).encode(), status, {SIMULATED_HEADER: "1"},
+                    media_type="application/json")
+
+
+async def _sse(done: dict[str, Any], include_usage: bool):  # type: ignore[no-untyped-def]
+    base = {k: done[k] for k in ("id", "created", "model", "system_fingerprint")}
+    base["object"] = "chat.completion.chunk"
+    text = done["choices"][0]["message"]["content"]
+
+    def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        chunk = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        return b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+
+    yield event({"role": "assistant", "content": ""})
+    for piece in re.findall(r"\s*\S+|\s+$", text):
+        yield event({"content": piece})
+        await asyncio.sleep(0)
+    yield event({}, "stop")
+    if include_usage:
+        yield b"data: " + json.dumps({**base, "choices": [], "usage": done["usage"]}).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+# --------------------------------------------------------------------------- serving in a thread
+
+class ThreadedServer:
+    """Serve an ASGI app with uvicorn on a free 127.0.0.1 port in a daemon thread: ``with ThreadedServer(app) as s``."""
+
+    def __init__(self, app: Any, *, lifespan: str = "auto", name: str = "server") -> None:
+        self.app, self.lifespan, self.name = app, lifespan, name
+        self.url = ""
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> str:
+        import uvicorn
+
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on accepted sockets whose proto says
+        # TCP; without it every request stalls ~40 ms (Nagle + delayed ACK).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, loop="asyncio", lifespan=self.lifespan, log_config=None, access_log=False,
+                                timeout_graceful_shutdown=2, server_header=False, date_header=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name=f"{self.name}-{port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                sock.close()
+                raise RuntimeError(f"{self.name} failed to start")
+            time.sleep(0.005)
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+        self._server = self._thread = None
+
+    def __enter__(self) -> ThreadedServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------- python -m proxy.replay.simulator
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the simulator on its own, e.g. as the upstream of `ctxproxy serve` (CTXPROXY_UPSTREAM=.../v1)."""
+    import uvicorn
+
+    p = argparse.ArgumentParser(prog="python -m proxy.replay.simulator",
+                                description="ctxproxy's provider SIMULATOR: OpenAI-compatible, no model, no key.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, help=f"context window (default {DEFAULT_WINDOW})")
+    args = p.parse_args(argv)
+    ensure_encodings()
+    get_encoding(ENCODING)
+    print(f"ctxproxy provider SIMULATOR (no model is called) on http://{args.host}:{args.port}/v1, "
+          f"window {args.window:,} tokens", flush=True)
+    uvicorn.run(Simulator(args.window), host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""Cache hints: help the provider's prompt cache hit, per route.
+
+Providers cache only what they route to the same machine and, for some
+models, only up to breakpoints the request marks; most agents set neither.
+The proxy knows the session and where the stable prefix ends, so it adds:
+- `prompt_cache_key` from the session (or tenant), unless the client set one;
+- breakpoints at the end of the stable prefix - after the tools and system
+  prompt, after the latest summary, before the status bar - as
+  `cache_control: {"type": "ephemeral"}` (Anthropic format) or
+  `prompt_cache_breakpoint` parts (OpenAI models that take them), within the
+  provider's limit, counting the client's own markers;
+- `prompt_cache_retention` where configured.
+Markers do not change what a message says; accounting hashes the unmarked
+messages (`conv.unmarked`), so moving a marker is not a prefix break.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from fnmatch import fnmatchcase
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from proxy.rewrite.compress.history import system_end
+from proxy.rewrite.events import CompactionInEffect
+from proxy.rewrite.settings import CacheHintsSettings, Peers
+from proxy.rewrite.status_bar.trajectory import is_status
+from proxy.wire.conversation import Conversation, RequestContext
+
+
+def cache_fields(settings: CacheHintsSettings | None, body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+    """The cache-routing fields the agent's requests carry (the client's own first): the proxy's
+    summarizer sends the same ones so its call lands where the agent's prefix is cached."""
+    out = {k: body[k] for k in ("prompt_cache_key", "prompt_cache_retention") if k in body}
+    if settings is None or not settings.enabled:
+        return out
+    mode = settings.prompt_cache_key
+    if mode == "auto":
+        mode = "session" if "api.openai.com" in ctx.route.upstream.base_url else "off"
+    if mode != "off" and "prompt_cache_key" not in out:
+        basis = ctx.tenant + ("" if mode == "tenant" else "\0" + ctx.session)
+        out["prompt_cache_key"] = "ctx-" + hashlib.blake2b(basis.encode(), digest_size=12).hexdigest()
+    if settings.retention and "prompt_cache_retention" not in out:
+        out["prompt_cache_retention"] = settings.retention
+    return out
+
+
+class CacheHints:
+    name: ClassVar[str] = "cache_hints"
+    Settings: ClassVar[type[BaseModel]] = CacheHintsSettings
+
+    def __init__(self, settings: CacheHintsSettings, peers: Peers) -> None:
+        self.settings = settings
+
+    def style(self, ctx: RequestContext) -> str:
+        s = self.settings
+        if s.breakpoints != "auto":
+            return s.breakpoints
+        model = ctx.model or ""
+        if "anthropic" in ctx.route.upstream.base_url or any(fnmatchcase(model, g) for g in s.anthropic_models):
+            return "anthropic"
+        if any(fnmatchcase(model, g) for g in s.openai_breakpoint_models):
+            return "openai"
+        return "none"
+
+    async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
+        body = conv.body
+        for name, value in cache_fields(self.settings, body, ctx).items():
+            if name not in body:
+                body[name] = value
+                conv.changed = True
+        style = self.style(ctx)
+        if style != "none":
+            self._mark(conv, style)
+        return conv
+
+    def _mark(self, conv: Conversation, style: str) -> None:
+        msgs, wire = conv.messages, conv.wire
+        budget = self.settings.max_breakpoints - sum(1 for m in msgs if wire.has_breakpoint(m))
+        end = len(msgs) - 1
+        if end >= 0 and is_status(wire, msgs[end]):
+            end -= 1
+        head = system_end(wire, msgs)
+        kept = max((e.kept for e in conv.kinds(CompactionInEffect)), default=0)
+        wanted = [i for i in (end, kept - 1, head - 1) if i >= 0]  # most valuable first
+        out, unmarked = list(msgs), {}
+        for i in dict.fromkeys(wanted):
+            while i >= 0 and budget > 0:
+                if wire.has_breakpoint(out[i]):
+                    break
+                new = wire.with_breakpoint(out[i], style)
+                if new is not None:
+                    unmarked[i] = msgs[i]
+                    out[i] = new
+                    budget -= 1
+                    break
+                i -= 1  # e.g. an assistant message with tool calls only: mark the one before
+        if unmarked:
+            conv.set_messages(out)
+            conv.unmarked = unmarked

@@ -1,0 +1,303 @@
+"""Compress: when the prompt passes `trigger` of the window, bring it down to `target`, cheapest layer first.
+
+Layer 1 clears older tool results outside the recent window into the archive
+(lossless: readable by handle). Layer 2, if still over, replaces the span
+between the pinned head and the recent tail with one summary written by a
+separate LLM call, plus an identifier list written by code and a handle to the
+raw span. If the summarizer fails, layer 1 stands if it fits; if nothing fits,
+the oldest middle span is archived behind a placeholder rather than let the
+provider reject the request.
+
+Each compaction is recorded and replayed verbatim (proxy/rewrite/compress/record.py), so
+the rewritten prefix is byte-identical between compactions; each one breaks
+the provider's cache once, so they are rare and large (trigger → target).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from proxy.lru import LRU
+from proxy.store.archive import SECONDS_PER_DAY, Archive, content_handle
+from proxy.rewrite.compress.record import PREFIX_CACHE, CompactionLog, View, replay
+from proxy.wire.conversation import Conversation, RequestContext
+from proxy.rewrite.events import Compacted, CompactionInEffect, HistoryElsewhere
+from proxy.rewrite.marks import PLACEHOLDER_MARK, SUMMARY_OPEN
+from proxy.rewrite.compress.history import chain, head_end, identifiers, repair_pairing, tail_start, text_of
+from proxy.logs import event
+from proxy.rewrite.preview import read_call
+from proxy.rewrite.context_read.tool import read_tool_name
+from proxy.rewrite.settings import CompressSettings, Peers
+from proxy.wire.codec import Codec, call_names
+from proxy.store.lease import renewed
+from proxy.rewrite.cache_hints import cache_fields
+from proxy.rewrite.compress.precompute import Precomputer
+from proxy.rewrite.context_read.transform import has_placeholders, tools_as_sent
+from proxy.rewrite.compress.summarizer import (IN_PLACE_PROMPT, SECTIONS, CachedPrefix, SummarizerDeclined, SummarizerError,
+                              SummarizerTarget, SummaryRejected, render, summarize, summarize_cached, summary_problem)
+from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
+
+_LOCK_POLL = 0.1  # seconds between checks while another request of the session compacts
+# The session's compaction lock has a short lease, renewed while its holder works
+# (proxy/store/lease.py): a holder killed mid-summary frees it within this many seconds.
+LOCK_LEASE_S = 5.0
+# The longest a live holder compacts, so the longest a waiter waits for it: the cached-shape
+# summary call, then perhaps the transcript one, each up to summary_timeout, plus slack.
+_SUMMARY_CALLS_WAITED = 2
+_WAIT_SLACK_S = 10
+_SUMMARIZER_WINDOW_SHARE = 0.85  # of the window, for transcript + answer (the rest: prompt, framing, slack)
+_MIN_TRANSCRIPT_TOKENS = 500
+_MAX_TAIL_SHARE_OF_TARGET = 0.5  # the verbatim tail takes at most half of the target
+_MIN_SUMMARY_TOKENS, _MAX_SUMMARY_TOKENS = 256, 2000  # the scaled summary length limit's bounds
+
+
+def summary_tokens(s: CompressSettings, window: int) -> int:
+    """The summary's length limit: configured, else scaled to the window."""
+    if s.summary_max_tokens is not None:
+        return s.summary_max_tokens
+    return max(_MIN_SUMMARY_TOKENS, min(_MAX_SUMMARY_TOKENS, window // 16))
+
+
+def room_after(s: CompressSettings, window: int) -> int:
+    """The most a compaction may leave: halfway from target to trigger, so the next turns have room to grow."""
+    return int((s.target + max(s.target, s.trigger)) / 2 * window)
+
+
+class Compress:
+    name: ClassVar[str] = "compress"
+    Settings: ClassVar[type[BaseModel]] = CompressSettings
+
+    def __init__(self, settings: CompressSettings, peers: Peers) -> None:
+        self.settings = settings
+        self.peers = peers
+        self._prefixes: LRU[str, list[Any]] = LRU(PREFIX_CACHE)
+        self.lock_lease = LOCK_LEASE_S
+        self.precomputer = Precomputer(self)
+
+    def tail_budget(self, window: int) -> int:
+        """Tokens of newest messages kept verbatim: room must stay under the target, or it can't be reached."""
+        s = self.settings
+        return min(s.keep_recent_tokens, int(window * s.target * _MAX_TAIL_SHARE_OF_TARGET))
+
+    async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
+        s, model = self.settings, conv.model
+        if conv.wire.history_elsewhere(conv.body):  # only the new items are here: nothing to compact
+            conv.events.append(HistoryElsewhere())
+            return conv
+        raw = conv.messages
+        digests, counts = conv.digests(raw), conv.counts(raw)
+        fixed = default_counter.count_tools(conv.tools, model) + REPLY_PRIMING_TOKENS \
+            + conv.wire.output_reserve(conv.body)
+        log = CompactionLog(ctx.store, ctx.tenant, ctx.session, s.retention_days * SECONDS_PER_DAY)
+        if sum(counts) + fixed <= s.trigger * ctx.window:
+            # A session's history only grows, and a compaction needs it over the trigger: a request
+            # under it has no record to replay, so the store is not even asked.
+            await self.precomputer.maybe_start(conv, ctx, log, View(raw, counts, 0, 0, 0), fixed)
+            return conv
+        view = await self._replayed(conv, log, raw, digests, counts)
+        if sum(view.counts) + fixed > s.trigger * ctx.window:
+            view = await self._compact_locked(conv, ctx, log, raw, digests, counts, view, fixed)
+        else:
+            await self.precomputer.maybe_start(conv, ctx, log, view, fixed)
+        if view.kept:
+            conv.set_messages(repair_pairing(conv.wire, view.messages))
+            conv.events.append(CompactionInEffect(view.version, view.kept))
+        return conv
+
+    async def _replayed(self, conv: Conversation, log: CompactionLog, raw: list, digests: list,
+                        counts: list) -> View:
+        record = await log.latest(self._prefixes)
+        # the same prefix objects every request (cached in self._prefixes): counted once, then looked up
+        prefix_counts = conv.counts(record.prefix) if record else None
+        return replay(record, raw, digests, counts, prefix_counts)
+
+    async def _compact_locked(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, raw: list,
+                              digests: list, counts: list, view: View, fixed: int) -> View:
+        s = self.settings
+        token = await ctx.store.acquire_lock(log.lock_name, LOCK_LEASE_S)
+        # Another request of this session is compacting: wait for its result. A live holder renews
+        # its short lease; a dead one (killed mid-summary) stops, and its lock is ours a lease later.
+        deadline = time.monotonic() + s.summary_timeout * _SUMMARY_CALLS_WAITED + _WAIT_SLACK_S
+        while token is None:
+            if time.monotonic() >= deadline:
+                return view
+            await asyncio.sleep(_LOCK_POLL)
+            fresh = await self._replayed(conv, log, raw, digests, counts)
+            if fresh.version > view.version:
+                return fresh
+            token = await ctx.store.acquire_lock(log.lock_name, LOCK_LEASE_S)
+        async with renewed(ctx.store, log.lock_name, token, LOCK_LEASE_S):
+            view = await self._replayed(conv, log, raw, digests, counts)
+            before = sum(view.counts) + fixed
+            if before <= s.trigger * ctx.window:
+                return view
+            result = await self._layers(conv, ctx, log, view, fixed)
+            if result is None:
+                return view
+            new, layer, detail = result
+            after = sum(new.counts) + fixed
+            if after >= before:  # nothing to gain: forward as is rather than break the cache for nothing
+                return view
+            cut = new.raw_index(new.kept)
+            await log.write(view.version + 1, cut, chain(digests, cut)[-1], layer, new.messages[:new.kept])
+            new.version = view.version + 1
+            conv.events.append(Compacted(layer, before, after, detail))
+            event("compacted", request_id=ctx.request_id, session=ctx.session, layer=layer, tokens_before=before,
+                  tokens_after=after, version=new.version)
+            return new
+
+    async def _layers(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, view: View,
+                      fixed: int) -> tuple[View, str, dict[str, Any]] | None:
+        s, model, wire = self.settings, conv.model, conv.wire
+        msgs, counts = view.messages, view.counts
+        h = head_end(wire, msgs)
+        # The kept tail must leave room under the target, or a compaction cannot get there.
+        t = tail_start(wire, msgs, counts, self.tail_budget(ctx.window), max(h, view.kept))
+        if t <= h or t < view.kept:
+            return None
+        archive = Archive(ctx.store, ctx.tenant, s.retention_days, ctx.archive_quota)
+        tool = read_tool_name(conv)
+        with_tail = lambda head, counts_head: View(head + msgs[t:], counts_head + counts[t:], len(head),  # noqa: E731
+                                                   view.raw_index(t), view.version)
+
+        cleared, cleared_counts, n = await self._clear(wire, msgs[:t], counts[:t], h, archive, tool, model)
+        layer1 = with_tail(cleared, cleared_counts)
+        if sum(layer1.counts) + fixed <= s.target * ctx.window:
+            return layer1, "clear", {"cleared": n}
+
+        span = msgs[h:t]
+        # Every result must leave room to grow, or the next request compacts (and breaks the cache) again.
+        room = room_after(s, ctx.window)
+        why: dict[str, Any] = {}
+        ready = await self.precomputer.ready(conv, ctx, log, view) if s.summary and s.precompute else None
+        if ready is not None:
+            layer2 = View(msgs[:h] + [ready.message] + msgs[ready.upto:],
+                          counts[:h] + default_counter.message_counts([ready.message], model) + counts[ready.upto:],
+                          h + 1, view.raw_index(ready.upto), view.version)
+            if sum(layer2.counts) + fixed <= room:
+                return layer2, "summary", {"summarized": ready.upto - h, "summary_calls": ready.usage,
+                                           "precomputed": True}
+            if ready.upto < t:  # what arrived since the summary was made: its tool results cleared, losslessly
+                cleared, cleared_counts, n = await self._clear(wire, msgs[:t], counts[:t], ready.upto, archive, tool,
+                                                               model)
+                head = msgs[:h] + [ready.message] + cleared[ready.upto:t]
+                head_counts = layer2.counts[:h + 1] + cleared_counts[ready.upto:t]
+                both = with_tail(head, head_counts)
+                if n and sum(both.counts) + fixed <= room:
+                    return both, "summary", {"summarized": ready.upto - h, "cleared": n,
+                                             "summary_calls": ready.usage, "precomputed": True}
+            event("precomputed summary leaves no room; summarizing the current span", request_id=ctx.request_id,
+                  session=ctx.session, tokens=sum(layer2.counts) + fixed, room=room)
+            # its call was made and billed all the same: this request accounts for it
+            why = {"summary_calls": list(ready.usage)}
+        if s.summary and not await ctx.store.get(log.breaker):
+            try:
+                summary, usage, _ = await self.summary_for(conv, ctx, archive, h, t, view, tool)
+                head = msgs[:h] + [summary]
+                layer2 = with_tail(head, counts[:h] + default_counter.message_counts([summary], model))
+                earlier = why.get("summary_calls", [])
+                if sum(layer2.counts) + fixed <= room:
+                    return layer2, "summary", {"summarized": len(span), "summary_calls": earlier + usage}
+                why = {"summary_rejected": "the summary leaves no room under the trigger",
+                       "summary_calls": earlier + usage}
+                event("summary leaves no room under the trigger; archiving instead", request_id=ctx.request_id)
+            except SummaryRejected as e:
+                why = {"summary_rejected": e.reason, "summary_calls": why.get("summary_calls", []) + e.usage}
+                event("summary rejected; falling back", request_id=ctx.request_id, session=ctx.session,
+                      reason=e.reason)
+                await ctx.store.put(log.breaker, b"1", ttl=s.breaker_cooldown)
+            except SummarizerError as e:
+                why = {**why, "summary_rejected": str(e)}
+                event("summarizer failed; falling back", request_id=ctx.request_id, session=ctx.session, error=str(e))
+                await ctx.store.put(log.breaker, b"1", ttl=s.breaker_cooldown)
+        if n and sum(layer1.counts) + fixed <= room:  # over target but with room: forward without a summary
+            return layer1, "clear", {"cleared": n, "fallback": True, **why}
+        handle = content_handle("span", render(wire, span))
+        await archive.put_text(handle, render(wire, span))
+        note = wire.message("user", (
+            f"{PLACEHOLDER_MARK} {len(span)} earlier messages ({sum(counts[h:t]):,} tokens) were archived to fit "
+            f"the context window and could not be summarized. Read them with {read_call(tool, handle)}]"))
+        return with_tail(msgs[:h] + [note], counts[:h] + default_counter.message_counts([note], model)), "archive", \
+            {"archived": len(span), **why}
+
+    def _cached_prefix(self, conv: Conversation, ctx: RequestContext, view: View, t: int) -> CachedPrefix | None:
+        """The agent's request up to the tail, as its provider cached it; None when the cached shape can't be used."""
+        s, model = self.settings, conv.model
+        if s.summary_prompt != "cached" or s.summary_model not in (None, model):
+            return None
+        tools = tools_as_sent(self.peers.context_read, conv.wire, conv.tools, has_placeholders(conv))
+        instruction = default_counter.count_text(IN_PLACE_PROMPT, model)
+        if sum(view.counts[:t]) + default_counter.count_tools(tools, model) + instruction + REPLY_PRIMING_TOKENS \
+                + summary_tokens(s, ctx.window) > ctx.window:
+            return None
+        return CachedPrefix(view.messages[:t], tools, cache_fields(self.peers.cache_hints, conv.body, ctx))
+
+    async def _clear(self, wire: Codec, msgs: list, counts: list, h: int, archive: Archive, tool: str,
+                     model: Any) -> tuple[list, list, int]:
+        names = call_names(wire, msgs)
+        out, out_counts, n = list(msgs), list(counts), 0
+        for i in range(h, len(msgs)):
+            m = msgs[i]
+            if wire.role(m) != "tool":
+                continue
+            name = names.get(wire.answers(m)) or "tool"
+            text = text_of(wire, m)
+            if counts[i] < self.settings.min_clear_tokens \
+                    or name in self.settings.exclude_tools or text.startswith(PLACEHOLDER_MARK):
+                continue
+            handle = content_handle(f"tool:tool result of {name}", text)
+            await archive.put_text(handle, text)
+            out[i] = wire.replaced(m, f"{PLACEHOLDER_MARK} cleared tool result of {name} ({counts[i]:,} "
+                                             f"tokens); read it back with {read_call(tool, handle)}]")
+            out_counts[i] = default_counter.count_message(out[i], model)
+            n += 1
+        return out, out_counts, n
+
+    async def summary_for(self, conv: Conversation, ctx: RequestContext, archive: Archive, h: int, t: int,
+                          view: View, tool: str) -> tuple[dict[str, Any], list, str]:
+        """The summary message for view.messages[h:t], the usage of its calls and its handle.
+
+        Reused verbatim if this span was summarized before (by a precompute too).
+        """
+        s, model, wire = self.settings, conv.model, conv.wire
+        span = view.messages[h:t]
+        full = render(wire, span)
+        handle = content_handle("span", full)
+        (known,) = await archive.decisions("summary", [handle])
+        if known is not None:
+            return known, [], handle
+        budget, answer_tokens = s.summary_input_tokens, summary_tokens(s, ctx.window)
+        if s.summary_model in (None, model):  # the summarizer shares the agent's window: leave room to answer
+            budget = min(budget, int(ctx.window * _SUMMARIZER_WINDOW_SHARE) - answer_tokens)
+        target = SummarizerTarget(wire, ctx.upstream, ctx.route.upstream, ctx.upstream_headers,
+                                  s.summary_model or model or "gpt-4o-mini", max(budget, _MIN_TRANSCRIPT_TOKENS),
+                                  answer_tokens, s.summary_timeout)
+        facts = s.facts if s.strategy == "facts" else ()
+        answer, prefix = None, self._cached_prefix(conv, ctx, view, t)
+        if prefix is not None:
+            try:
+                answer = await summarize_cached(target, prefix, facts)
+            except SummarizerDeclined:  # refused or a tool call: the transcript shape may still work
+                pass
+        text, usage = answer or await summarize(target, span, facts)
+        tokens = sum(view.counts[h:t])
+        problem = summary_problem(text, tokens, target.model, () if facts else SECTIONS)
+        if problem is not None:
+            raise SummaryRejected(problem, usage)
+        await archive.put_text(handle, full)
+        ids, budget = [], ctx.window * s.identifiers_max_share
+        for ident in identifiers(wire, span, s.identifiers_cap):
+            budget -= default_counter.count_text(ident, model) + 1
+            if budget < 0:
+                break
+            ids.append(ident)
+        listing = "\n## Identifiers (verbatim from the compacted messages)\n" + "\n".join(ids) if ids else ""
+        message = wire.message("user", (
+            f"{SUMMARY_OPEN}\n{PLACEHOLDER_MARK} {len(span)} earlier messages ({tokens:,} tokens) were compacted "
+            f"into this summary; the full transcript: {read_call(tool, handle)}]\n\n{text}\n{listing}\n"
+            f"</context_summary>"))
+        return await archive.record("summary", handle, message), usage, handle

@@ -1,0 +1,30 @@
+"""The one policy for a rewrite that cannot be done: send the client's request as it came.
+
+A proxy must never be the reason an agent run dies. Whether the store is down
+or a transform raised (a bug, an input nobody foresaw), the request goes
+upstream byte for byte as the client sent it, and says so three ways: the
+`x-ctxproxy-degraded` header naming the cause (`store-unavailable` or the
+transform's name), the `ctxproxy_degraded_requests` metric, and a log line.
+"""
+
+from __future__ import annotations
+
+from proxy.logs import event, log
+from proxy.rewrite.events import Degraded
+from proxy.wire.conversation import Conversation, RequestContext
+
+STORE_DOWN = "store-unavailable"
+
+
+async def forward_unmodified(conv: Conversation, ctx: RequestContext, cause: str, error: BaseException) -> Conversation:
+    """A fresh parse of the client's bytes, carrying one Degraded event; `cause` names what failed."""
+    if cause == STORE_DOWN:
+        event("store unavailable; forwarding unmodified", request_id=ctx.request_id, error=str(error))
+    else:
+        log.error("transform failed; forwarding unmodified", exc_info=error,
+                  extra={"fields": {"request_id": ctx.request_id, "transform": cause}})
+    fresh = Conversation.parse(conv.raw, conv.wire)
+    fresh.events.append(Degraded(cause, "store unavailable" if cause == STORE_DOWN else f"{type(error).__name__}"))
+    await fresh.prepare_digests()
+    await fresh.prepare_counts()
+    return fresh

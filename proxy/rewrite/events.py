@@ -1,0 +1,86 @@
+"""What the transforms did to a request, one dataclass per kind.
+
+Headers, log lines, figures and the timeline read these, never a transform's
+internals; a transform reads earlier ones only through their typed fields.
+`kind` is the name a log line and the inspector show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Offloaded:
+    """A placeholder stands for stored content in this request (`new`: this request stored it)."""
+
+    kind: ClassVar[str] = "offload"
+    handle: str
+    tokens: int
+    saved: int
+    new: bool
+
+
+@dataclass(frozen=True)
+class CompactionInEffect:
+    """A recorded compaction replaces the history's first messages: `kept` of the sent ones are its prefix."""
+
+    kind: ClassVar[str] = "compaction"
+    version: int
+    kept: int
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """This request compacted the history (layer clear | summary | archive), before → after tokens."""
+
+    kind: ClassVar[str] = "compact"
+    layer: str
+    before: int
+    after: int
+    detail: dict[str, Any] = field(default_factory=dict)  # cleared, summarized, summary_calls, fallback, ...
+
+    def as_record(self) -> dict[str, Any]:
+        """As the figures, headers and timeline record it."""
+        return {"layer": self.layer, "before": self.before, "after": self.after, **self.detail}
+
+    @property
+    def summary_calls(self) -> list[Any]:
+        calls: list[Any] = self.detail.get("summary_calls") or []
+        return calls
+
+
+@dataclass(frozen=True)
+class HistoryElsewhere:
+    """The provider holds the earlier history (previous_response_id): compression cannot apply."""
+
+    kind: ClassVar[str] = "history-elsewhere"
+
+
+@dataclass(frozen=True)
+class StatusAdded:
+    kind: ClassVar[str] = "status"
+
+
+@dataclass(frozen=True)
+class StatusSkipped:
+    kind: ClassVar[str] = "status-skipped"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Degraded:
+    """The client's request went upstream unmodified, because `transform` failed (or the store is down)."""
+
+    kind: ClassVar[str] = "degraded"
+    transform: str
+    reason: str
+
+    @property
+    def header(self) -> str:
+        return self.transform
+
+
+Event = Offloaded | CompactionInEffect | Compacted | HistoryElsewhere | StatusAdded | StatusSkipped | Degraded
+PLACEHOLDER_EVENTS = (Offloaded, CompactionInEffect, Compacted)  # a placeholder naming a handle is in the request

@@ -1,0 +1,104 @@
+"""The ordered list of transforms that rewrite a request on its way upstream, and how it is run.
+
+Each transform is a small class in its own module with a `name` (its config
+section), a pydantic `Settings` model for that section (proxy/rewrite/settings.py),
+and `async def apply(conv, ctx) -> Conversation`, idempotent on its own output.
+A transform may also have `restore(conv, ctx)`, run before any transform's
+`apply` (the status bar puts earlier statuses back and measures the history
+there). Reading `TRANSFORMS` top to bottom is reading what the proxy does.
+
+Transforms ask for digests and token counts synchronously; the runner has the
+big messages' ones computed off the event loop first (digests before the
+first transform, counts before the first that reads them: `needs_counts`,
+True unless a transform says otherwise), so no transform stalls the loop.
+
+Containment: whatever a transform raises, the client's request goes upstream
+unmodified (`forward_unmodified`), never a 500 (proxy/rewrite/degrade.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel
+
+from proxy.config import Route
+from proxy.rewrite.cache_hints import CacheHints
+from proxy.rewrite.compress.transform import Compress
+from proxy.rewrite.context_read.transform import ContextRead
+from proxy.rewrite.degrade import STORE_DOWN, forward_unmodified
+from proxy.rewrite.offload import Offload
+from proxy.rewrite.settings import Peers
+from proxy.rewrite.status_bar.transform import StatusBar
+from proxy.store import StoreError
+from proxy.store.guarded import backing_off
+from proxy.wire.conversation import Conversation, RequestContext
+
+
+class Transform(Protocol):
+    name: ClassVar[str]
+    Settings: ClassVar[type[BaseModel]]
+    # needs_counts: ClassVar[bool] = True, optional: False if it reads no token counts of conv.messages
+    # async def restore(self, conv, ctx) -> Conversation, optional: runs before every transform's apply
+
+    def __init__(self, settings: Any, peers: Peers) -> None: ...
+
+    async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation: ...
+
+
+# Ordered: offload → compress → the read tool → the new status, last → cache hints (marking where
+# the stable prefix ends). The status bar's `restore` (earlier statuses back in place) runs first.
+TRANSFORMS: list[type[Transform]] = [Offload, Compress, ContextRead, StatusBar, CacheHints]
+
+
+def peers_of(route: Route) -> Peers:
+    """The settings of the route's enabled transforms, for those that must agree with another."""
+    def on(name: str) -> Any:
+        settings = route.section(name)
+        return settings if settings is not None and getattr(settings, "enabled", True) else None
+
+    return Peers(compress=on("compress"), context_read=on("context_read"), cache_hints=on("cache_hints"))
+
+
+def build_pipeline(route: Route) -> list[Transform]:
+    """The transforms enabled for one route, built once per route at start."""
+    peers = peers_of(route)
+    out: list[Transform] = []
+    for t in TRANSFORMS:
+        settings = route.section(t.name)
+        if settings is not None and getattr(settings, "enabled", True):
+            out.append(t(settings, peers))
+    return out
+
+
+async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: RequestContext) -> Conversation:
+    """Apply each transform; if any fails (or the store does), forward the client's request unmodified.
+
+    While the store is known to be down (its breaker open) no transform runs at all: every
+    request then says so, not only those that happened to need the store.
+    """
+    current = "pipeline"
+    try:
+        if backing_off(ctx.store):
+            raise StoreError("store unavailable (backing off after a failure)")
+        await conv.prepare_digests()
+        for transform in pipeline:
+            restore = getattr(transform, "restore", None)
+            if restore is not None:
+                current = transform.name
+                conv = await restore(conv, ctx)
+        counted = False
+        for transform in pipeline:
+            current = transform.name
+            if not counted and getattr(transform, "needs_counts", True):
+                await conv.prepare_counts()
+                counted = True
+            conv = await transform.apply(conv, ctx)
+        if not counted:
+            current = "pipeline"
+            await conv.prepare_counts()  # accounting counts what is sent
+    except StoreError as e:
+        return await forward_unmodified(conv, ctx, STORE_DOWN, e)
+    except Exception as e:  # noqa: BLE001 - containment: a transform's bug must not fail the agent's request
+        return await forward_unmodified(conv, ctx, current, e)
+    return conv

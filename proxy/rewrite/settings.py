@@ -1,0 +1,153 @@
+"""Every transform's settings: one pydantic model per config section, with its documented defaults.
+
+Kept apart from the transforms themselves so that validating a config file
+(proxy/config.py) needs only these models, not the transforms, the store or
+the HTTP client. Each model reads only its own section; what one transform
+needs of another reaches it typed, through `Peers` (proxy/rewrite/pipeline.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from proxy.rewrite.preview import error_matcher
+from proxy.rewrite.status_bar.trajectory import DEFAULT_ERROR_PATTERN, TodoShape
+
+MIN_THRESHOLD_TOKENS = 256  # the smallest offload threshold allowed (texts under it are never looked up)
+DEFAULT_FACTS = ("What is the task, with its constraints?", "Which files were read, created or changed, and how?",
+                 "What has been verified to work, and what failed?", "What remains to be done, and what is next?")
+
+
+class OffloadSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    tool_result_tokens: int = Field(default=20_000, ge=MIN_THRESHOLD_TOKENS)  # offload a tool result over this
+    user_message_tokens: int = Field(default=50_000, ge=MIN_THRESHOLD_TOKENS)  # ... a user message over this
+    preview_head_lines: int = Field(default=10, ge=0)  # first lines shown in the placeholder
+    preview_tail_lines: int = Field(default=5, ge=0)  # last lines shown
+    preview_line_chars: int = Field(default=200, ge=40)  # each preview line cut to this many characters
+    preview_max_share: float = Field(default=0.25, gt=0, lt=1)  # a preview costs at most this share of the original
+    retention_days: float = Field(default=7, gt=0)  # how long stored text stays readable
+    # Thresholds never exceed this share of the model's window (twice it for user messages), so a
+    # small local model gets early offloading without retuning (32k window: tool results over 8k tokens).
+    max_window_share: float = Field(default=0.25, gt=0, le=1)
+    # A preview also shows the lines matching this anywhere in the text, with their line numbers (RE2
+    # syntax; by default the status bar's error pattern), at most `preview_error_lines` of them.
+    error_pattern: str = DEFAULT_ERROR_PATTERN
+    preview_error_lines: int = Field(default=10, ge=0)
+
+    @field_validator("error_pattern")
+    @classmethod
+    def _re2(cls, v: str) -> str:
+        if error_matcher(v) is None:
+            raise ValueError("must be a regular expression in RE2 syntax (no backreferences or lookaround)")
+        return v
+
+
+class CompressSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    trigger: float = Field(default=0.85, gt=0, le=1)  # compact when the prompt passes this share of the window
+    target: float = Field(default=0.2, gt=0, lt=1)  # ... down to this share (lower: fewer, larger steps)
+    keep_recent_tokens: int = Field(default=8000, ge=0)  # newest messages kept verbatim
+    exclude_tools: tuple[str, ...] = ()  # tool results never cleared
+    min_clear_tokens: int = Field(default=200, ge=1)  # smaller tool results are not worth a placeholder
+    summary: bool = True  # layer 2 on
+    strategy: Literal["summary", "facts"] = "summary"  # one summary call, or one call per question
+    facts: tuple[str, ...] = DEFAULT_FACTS  # the questions of the facts strategy
+    summary_model: str | None = None  # None: the request's model
+    # cached: re-send the conversation as the provider last saw it plus one instruction (a cache hit, whole
+    # span read); transcript: a separate prompt with the span cut to summary_input_tokens (billed in full).
+    # A different summary_model always uses the transcript shape.
+    summary_prompt: Literal["cached", "transcript"] = "cached"
+    summary_input_tokens: int = Field(default=6000, ge=1000)  # the transcript shape is cut to this (billed uncached)
+    # the summary's length limit; None: a sixteenth of the window, 256 to 2,000 tokens (a fixed 2,000 would be
+    # half of a 4k window)
+    summary_max_tokens: int | None = Field(default=None, ge=100)
+    summary_timeout: float = Field(default=60, gt=0)  # seconds; then layer 1 / archive fallback
+    identifiers_cap: int = Field(default=400, ge=0)  # identifiers listed verbatim under a summary
+    identifiers_max_share: float = Field(default=0.08, ge=0, lt=1)  # ... costing at most this share of the window
+    breaker_cooldown: float = Field(default=300, gt=0)  # seconds without summarizer calls after a failure
+    # past this share of the window the next compaction's summary is written in the background, so the
+    # request crossing `trigger` does not wait for it; null: never
+    precompute: float | None = Field(default=0.78, gt=0, lt=1)
+    retention_days: float = Field(default=7, gt=0)  # how long archived history stays readable
+
+
+class ContextReadSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    rounds: int = Field(default=4, ge=0, le=16)  # context_read rounds answered per client request
+    max_chars: int = Field(default=20_000, ge=1000)  # characters one context_read answer returns at most
+
+
+class Guidance(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    at: float = Field(gt=0)  # threshold: a count, or a share of the window for `context`
+    text: str  # "" disables the line
+
+
+class StatusBarSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    agents_only: bool = True  # only requests with tools or tool messages get a status
+    role: Literal["user", "system", "developer"] = "user"
+    mode: Literal["append", "replace"] = "replace"
+    error_pattern: str = DEFAULT_ERROR_PATTERN  # a tool result matching this looks like a failure
+    todo: TodoShape = TodoShape()
+    repeated_call: Guidance = Guidance(at=3, text="the same call keeps repeating: change approach")
+    consecutive_errors: Guidance = Guidance(at=2, text="errors in a row: read the error and diagnose before retrying")
+    context: Guidance = Guidance(at=0.8, text="context nearly full: finish the task or save your state")
+    # ... instead, where the route compresses: the agent need not hurry, nothing it needs is lost.
+    context_compressed: Guidance = Guidance(at=0.8, text="context filling up: the proxy will compact older "
+                                            "messages soon; what it removes stays readable by handle, so keep working")
+
+    @field_validator("error_pattern")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        re.compile(v)
+        return v
+
+
+class CacheHintsSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    # auto: "session" when the upstream is OpenAI's API, else off (other servers may reject the field)
+    prompt_cache_key: Literal["auto", "session", "tenant", "off"] = "auto"
+    breakpoints: Literal["auto", "none", "openai", "anthropic"] = "auto"
+    retention: str | None = None  # e.g. "24h": sent as prompt_cache_retention
+    max_breakpoints: int = Field(default=4, ge=1)  # Anthropic allows 4 per request
+    openai_breakpoint_models: tuple[str, ...] = ("gpt-5.6*",)  # models that cache only at markers
+    anthropic_models: tuple[str, ...] = ("claude*", "*/claude*", "anthropic/*")
+
+
+SECTION_MODELS: dict[str, type[BaseModel]] = {
+    "offload": OffloadSettings,
+    "compress": CompressSettings,
+    "context_read": ContextReadSettings,
+    "status_bar": StatusBarSettings,
+    "cache_hints": CacheHintsSettings,
+}
+
+
+@dataclass(frozen=True)
+class Peers:
+    """What a transform may know of the other transforms on its route: their settings, typed, None when off.
+
+    The compressor's summary call must send the tools and cache fields the agent's
+    request carries (so it hits the agent's cached prefix), and the status bar words
+    its context advice by whether compression is on; nothing else crosses over.
+    """
+
+    compress: CompressSettings | None = None
+    context_read: ContextReadSettings | None = None
+    cache_hints: CacheHintsSettings | None = None

@@ -1,0 +1,142 @@
+"""What an agent has done so far, computed by code from the message structure.
+
+Models are poor at deriving state from a long history in one pass; code is
+exact. Every value here comes from roles, tool-call names and arguments, and
+whether a result looks like a failure - never from text copied out of a tool
+result, so a tool result cannot forge the status.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import orjson
+
+from proxy.rewrite.marks import STATUS_OPEN
+from proxy.wire.codec import Codec, Item
+
+# Enough of a result's start and end to see a failure; a 800k-char log is not scanned whole.
+_SCAN_CHARS = 4000
+DEFAULT_ERROR_PATTERN = (r"(?im)^(?:error|fatal|exception)\b|traceback \(most recent call last\)|\bcommand not found\b"
+                         r"|\bno such file or directory\b|\bpermission denied\b|\bexit (?:code|status):? *[1-9]"
+                         r"|\b(?:\w+error|\w+exception):|\bsegmentation fault\b|\bfailed\b")
+
+
+@dataclass(frozen=True)
+class TodoShape:
+    """How a client's todo tool looks: tool names, the list argument, the status field and its done values."""
+
+    tools: tuple[str, ...] = ("todo_write", "TodoWrite", "write_todos", "update_todos", "todowrite")
+    list_arg: str = "todos"
+    status_field: str = "status"
+    done_values: tuple[str, ...] = ("completed", "done", "complete")
+
+
+@dataclass
+class Trajectory:
+    turns: int = 0
+    calls: Counter = field(default_factory=Counter)
+    last_tool: str | None = None  # the tool whose result came last
+    last_call: str | None = None  # the tool called last
+    last_error: bool = False
+    repeated: int = 0  # how many times in a row the latest call had the same name and arguments
+    consecutive_errors: int = 0
+    todo_open: int | None = None
+    todo_done: int | None = None
+
+
+@dataclass(frozen=True)
+class StatusAnchor:
+    """What the status bar measured before the other transforms ran: the trajectory, and where the new
+    status goes in the client's history (`at` messages, the last with digest prefix `prev`)."""
+
+    trajectory: Trajectory
+    at: int
+    prev: str
+
+
+def is_status(wire: Codec, message: Item) -> bool:
+    """The proxy's status message, whichever role it was sent with (status_bar.role)."""
+    return wire.role(message) in ("user", "system") and wire.first_text(message).startswith(STATUS_OPEN)
+
+
+def looks_like_error(wire: Codec, message: Item, pattern: re.Pattern[str]) -> bool:
+    if wire.is_error(message):
+        return True
+    content = wire.text(message)
+    if content is None:
+        return False
+    sample = content if len(content) <= 2 * _SCAN_CHARS else content[:_SCAN_CHARS] + "\n" + content[-_SCAN_CHARS:]
+    return bool(pattern.search(sample))
+
+
+def _todo_counts(arguments: str, shape: TodoShape) -> tuple[int, int] | None:
+    try:
+        args = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return None
+    items = args.get(shape.list_arg) if isinstance(args, dict) else None
+    if not isinstance(items, list):
+        return None
+    done = sum(1 for t in items if isinstance(t, dict) and str(t.get(shape.status_field, "")).lower() in shape.done_values)
+    return len(items) - done, done
+
+
+@dataclass
+class Progress:
+    """`analyze` part way through a history: a later request repeating those messages resumes from here.
+
+    A left fold over the messages (each step reads only the state and the next
+    message), so the state after message i of an identical prefix is always the same.
+    """
+
+    wire: Codec
+    trajectory: Trajectory = field(default_factory=Trajectory)
+    names: dict[str | None, str] = field(default_factory=dict)  # tool-call id -> tool name
+    last_sig: tuple[str, str] | None = None
+    statuses: list[int] = field(default_factory=list)  # positions of status messages, skipped
+
+    def copy(self) -> Progress:
+        t = self.trajectory
+        return Progress(self.wire, replace(t, calls=Counter(t.calls)), dict(self.names), self.last_sig,
+                        list(self.statuses))
+
+    def add(self, m: Item, is_error: Callable[[Item], bool], todo: TodoShape) -> None:
+        t = self.trajectory
+        wire = self.wire
+        role = wire.role(m)
+        if role == "assistant":
+            t.turns += 1
+            for call in wire.calls(m):
+                name, args = call.name, call.arguments
+                self.names[call.id] = name
+                t.calls[name] += 1
+                t.last_call = name
+                sig = (name, args)
+                t.repeated = t.repeated + 1 if sig == self.last_sig else 1
+                self.last_sig = sig
+                if name in todo.tools:
+                    counts = _todo_counts(args, todo)
+                    if counts is not None:
+                        t.todo_open, t.todo_done = counts
+        elif role == "tool":
+            t.last_tool = self.names.get(wire.answers(m), wire.result_name(m) or "?")
+            t.last_error = is_error(m)
+            t.consecutive_errors = t.consecutive_errors + 1 if t.last_error else 0
+
+    def add_unless_status(self, i: int, m: Item, is_error: Callable[[Item], bool], todo: TodoShape) -> None:
+        """Message i of a client's history: statuses are noted (to be taken out), the rest analysed."""
+        if is_status(self.wire, m):
+            self.statuses.append(i)
+        else:
+            self.add(m, is_error, todo)
+
+
+def analyze(wire: Codec, messages: Sequence[Item], is_error: Callable[[Item], bool], todo: TodoShape) -> Trajectory:
+    p = Progress(wire)
+    for m in messages:
+        p.add(m, is_error, todo)
+    return p.trajectory

@@ -1,0 +1,169 @@
+"""Agent status bar: terse key-value state, computed by code, as the last message of an agent request.
+
+One transform acting at two moments. `restore`, before any transform rewrites
+the request, measures the trajectory on the client's full history and, in
+`append` mode, re-inserts every earlier status of the session at exactly its
+original place with exactly its original bytes (recorded in the store), so the
+prefix the provider cached stays identical. `apply`, after compression, appends
+the new status, with context use as it will reach the provider.
+
+Modes: `append` keeps each status in the history (~100 tokens a turn, which
+compression later folds in; the model sees how its state evolved);
+`replace` sends only the latest (nothing accumulates; the cache still hits up
+to the end of the previous turn, losing only the previous status itself).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, ClassVar
+
+import orjson
+from pydantic import BaseModel
+
+from proxy.rewrite.events import CompactionInEffect, Offloaded, StatusAdded, StatusSkipped
+from proxy.rewrite.settings import Peers, StatusBarSettings
+from proxy.store.keys import session_key
+from proxy.wire.conversation import Conversation, RequestContext
+from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
+from proxy.tokens.session_memo import RequestMemo, without
+from proxy.rewrite.status_bar.trajectory import (STATUS_OPEN, Progress, StatusAnchor, Trajectory, is_status,
+                                                 looks_like_error)
+from proxy.lru import LRU
+
+_SESSIONS_CACHED = 1_000  # sessions whose recorded statuses are kept in process
+_ERRORS_CACHED = 20_000  # tool results whose error look is remembered, by digest
+_PREV_HEX = 16  # hex chars of the preceding message's digest stored with a status
+
+
+def _is_agent(conv: Conversation) -> bool:
+    role = conv.wire.role
+    return bool(conv.tools) or any(role(m) == "tool" for m in conv.messages)
+
+
+def _keys(ctx: RequestContext) -> tuple[str, str]:
+    return session_key(ctx.tenant, ctx.session, "status"), session_key(ctx.tenant, ctx.session, "clock")
+
+
+class StatusBar:
+    name: ClassVar[str] = "status_bar"
+    Settings: ClassVar[type[BaseModel]] = StatusBarSettings
+    needs_counts: ClassVar[bool] = False  # `restore` reads digests only (proxy/rewrite/pipeline.py)
+
+    def __init__(self, settings: StatusBarSettings, peers: Peers) -> None:
+        self.settings = settings
+        self.compressed = peers.compress is not None  # the context advice says the proxy will compact
+        self.pattern = re.compile(settings.error_pattern)
+        self._recorded: LRU[tuple[str, str], list[dict[str, Any]]] = LRU(_SESSIONS_CACHED)
+        self._errors: LRU[bytes, bool] = LRU(_ERRORS_CACHED)
+
+    async def restore(self, conv: Conversation, ctx: RequestContext) -> Conversation:
+        if self.settings.agents_only and not _is_agent(conv):
+            return conv
+        progress = self._progress(conv)
+        raw = conv.messages if not progress.statuses else without(conv.messages, progress.statuses)
+        prev = conv.digest(raw[-1]).hex()[:_PREV_HEX] if raw else ""
+        conv.status_anchor = StatusAnchor(progress.trajectory, len(raw), prev)
+        if self.settings.mode != "append":
+            return conv
+        entries = await self._entries(ctx)
+        at: dict[int, dict[str, Any]] = {}
+        for e in entries:
+            at.setdefault(e["k"], e)
+        ks, statuses = [], []
+        for k in sorted(k for k in at if 1 <= k <= len(raw)):  # no Python step per message
+            e = at[k]
+            if e["prev"] == conv.digest(raw[k - 1]).hex()[:_PREV_HEX]:
+                ks.append(k)
+                # one object per recorded status, reused by later requests (its digest and count are memoized)
+                statuses.append(e.get("_message") or e.setdefault(
+                    "_message", conv.wire.message(self.settings.role, e["content"])))
+        if ks or raw is not conv.messages:
+            conv.set_messages(conv.facts.insert(raw, ks, statuses))
+        return conv
+
+    def _progress(self, conv: Conversation) -> Progress:
+        """The trajectory of the client's history, resumed after the messages the session's memo knows."""
+        is_error, todo, wire = (lambda m: self._is_error(conv, m)), self.settings.todo, conv.wire
+        return (conv.memo or RequestMemo(client=conv.client_messages)).fold(
+            (self, "trajectory"), conv.messages, lambda: Progress(wire),
+            lambda p, i, m: p.add_unless_status(i, m, is_error, todo), Progress.copy)
+
+    def _is_error(self, conv: Conversation, message: Any) -> bool:
+        """Whether a tool result looks like a failure, decided once per distinct result."""
+        key = conv.digest(message)
+        hit = self._errors.get(key)
+        if hit is None:
+            hit = looks_like_error(conv.wire, message, self.pattern)
+            self._errors.put(key, hit)
+        return hit
+
+    async def _entries(self, ctx: RequestContext) -> list[dict[str, Any]]:
+        key = (ctx.tenant, ctx.session)
+        cached = self._recorded.get(key) or []
+        new = await ctx.store.read_log(_keys(ctx)[0], start=len(cached))
+        if new:
+            cached = cached + [orjson.loads(x) for x in new]
+        self._recorded.put(key, cached)
+        return cached
+
+    async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
+        anchor = conv.status_anchor
+        if anchor is None:
+            return conv
+        traj, n, prev = anchor.trajectory, anchor.at, anchor.prev
+        if conv.messages and is_status(conv.wire, conv.messages[-1]):
+            return conv  # the status recorded for exactly this history (a retry): already in place
+        status_key, clock_key = _keys(ctx)
+        now = time.time()
+        clock = await ctx.store.get_json(clock_key) or {"first": now, "last": now}
+        await ctx.store.put_json(clock_key, {"first": clock["first"], "last": now})
+        model = conv.model
+        msgs = conv.messages
+        used = sum(conv.counts(msgs)) + REPLY_PRIMING_TOKENS + default_counter.count_tools(conv.tools, model)
+        text = self.render(traj, conv, ctx.window, used, now - clock["first"], now - clock["last"], now,
+                           compressed=self.compressed)
+        status = conv.wire.message(self.settings.role, text)
+        if used + default_counter.count_message(status, model) + conv.wire.output_reserve(conv.body) > ctx.window:
+            conv.events.append(StatusSkipped("would not fit the window"))
+            return conv  # the status bar must never be the reason a request is rejected
+        conv.set_messages([*conv.messages, status])
+        conv.events.append(StatusAdded())
+        if self.settings.mode == "append":
+            await ctx.store.append_log(status_key, orjson.dumps({"k": n, "prev": prev, "content": text}))
+        return conv
+
+    def render(self, t: Trajectory, conv: Conversation, window: int, used: int, since_first: float,
+               since_last: float, now: float, compressed: bool = False) -> str:
+        """`compressed`: the route compacts history, so the context advice says so instead of "finish"."""
+        s = self.settings
+        offloads = len(conv.kinds(Offloaded))
+        compactions = max((e.version for e in conv.kinds(CompactionInEffect)), default=0)
+        per_tool = ", ".join(f"{name}={c}" for name, c in sorted(t.calls.items(), key=lambda kv: (-kv[1], kv[0])))
+        share = used / window if window else 0.0
+        lines = [f"turn: {t.turns}", f"tool_calls: {sum(t.calls.values())}" + (f" ({per_tool})" if per_tool else "")]
+        if t.last_tool:
+            lines.append(f"last_tool: {t.last_tool} ({'error' if t.last_error else 'ok'})")
+        if t.repeated > 1:
+            lines.append(f"repeated_call: {t.last_call} x{t.repeated}")
+        lines.append(f"consecutive_errors: {t.consecutive_errors}")
+        lines.append(f"elapsed: {_duration(since_first)} total, {_duration(since_last)} since last request")
+        lines.append(f"context: {share:.0%} ({used:,}/{window:,} tokens), offloaded {offloads}, compactions {compactions}")
+        lines.append("time: " + time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(now)))
+        if t.todo_open is not None:
+            lines.append(f"todo: {t.todo_open} open, {t.todo_done} done")
+        context = s.context_compressed if compressed else s.context
+        for value, rule in ((t.repeated, s.repeated_call), (t.consecutive_errors, s.consecutive_errors), (share, context)):
+            if rule.text and value >= rule.at:
+                lines.append(f"advice: {rule.text}")
+        return STATUS_OPEN + "\n" + "\n".join(lines) + "\n</agent_status>"
+
+
+def _duration(seconds: float) -> str:
+    s = int(max(0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -1,0 +1,97 @@
+"""Tenant-scoped archive of text the proxy took out of a prompt, and of the decisions it made.
+
+Everything the model can read back by handle (offloaded tool results, cleared
+history, summarized spans) lives here under the tenant that sent it: another
+API key gets "no such handle", never the text. Decisions are recorded once
+(`put_if_absent`) and replayed verbatim, so the same raw input is rewritten
+into the same bytes on every request, after a restart, and on every replica.
+
+Stored text counts against the tenant's byte quota: past it, the tenant's
+oldest text is evicted first. Eviction removes only text, never a decision, so
+a placeholder already sent keeps its bytes; reading an evicted handle back
+answers "no stored content", like any unknown handle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+from proxy.store import Store
+from proxy.store.keys import tenant_key
+
+HANDLE_PREFIX = "ctx_"
+_HANDLE_HEX = 20  # hex chars of the content hash in a handle: 80 bits, unguessable without the text
+SECONDS_PER_DAY = 86_400
+
+
+def content_handle(kind: str, text: str) -> str:
+    """Handle of a piece of text: a hash of what it is and what it says, the same on every process."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(kind.encode() + b"\0")
+    h.update(text.encode("utf-8", "surrogatepass"))
+    return HANDLE_PREFIX + h.hexdigest()[:_HANDLE_HEX]
+
+
+def is_handle(value: str) -> bool:
+    return value.startswith(HANDLE_PREFIX) and len(value) == len(HANDLE_PREFIX) + _HANDLE_HEX \
+        and all(c in "0123456789abcdef" for c in value[len(HANDLE_PREFIX):])
+
+
+def _blob_key(tenant: str, handle: str) -> str:
+    return tenant_key(tenant, "blob", handle)
+
+
+def _quota_group(tenant: str) -> str:
+    return tenant_key(tenant, "archive")
+
+
+def _decision_key(tenant: str, kind: str, handle: str) -> str:
+    return tenant_key(tenant, "decision", kind, handle)
+
+
+class Archive:
+    """Stored text and recorded decisions of one tenant."""
+
+    def __init__(self, store: Store, tenant: str, retention_days: float | None = None,
+                 quota_bytes: int | None = None) -> None:
+        self.store = store
+        self.tenant = tenant
+        self.ttl = retention_days * SECONDS_PER_DAY if retention_days else None
+        self.quota = quota_bytes or None  # 0/None: unlimited, and not counted
+
+    async def put_text(self, handle: str, text: str) -> None:
+        """Durably store the text (before any request that names its handle goes upstream).
+
+        Under a quota, this may evict the tenant's oldest stored text (never this one).
+        """
+        key, value = _blob_key(self.tenant, handle), text.encode("utf-8", "surrogatepass")
+        if self.quota is None:
+            await self.store.put(key, value, ttl=self.ttl)
+        else:
+            await self.store.put_counted(key, value, _quota_group(self.tenant), self.quota, ttl=self.ttl)
+
+    async def stored_bytes(self) -> int:
+        """Bytes of text this tenant holds against its quota (0 when no quota counts it)."""
+        return await self.store.counted_bytes(_quota_group(self.tenant))
+
+    async def get_text(self, handle: str) -> str | None:
+        if not is_handle(handle):
+            return None
+        raw = await self.store.get(_blob_key(self.tenant, handle))
+        return None if raw is None else raw.decode("utf-8", "surrogatepass")
+
+    async def decisions(self, kind: str, handles: list[str]) -> list[Any | None]:
+        """Recorded decisions for these handles, in order, in one round trip."""
+        raws = await self.store.get_many([_decision_key(self.tenant, kind, h) for h in handles])
+        return [None if r is None else orjson.loads(r) for r in raws]
+
+    async def record(self, kind: str, handle: str, decision: Any) -> Any:
+        """Record a decision unless one exists; return the one that stands (ours or the first one)."""
+        key = _decision_key(self.tenant, kind, handle)
+        if await self.store.put_json_if_absent(key, decision, ttl=self.ttl):
+            return decision
+        existing = await self.store.get_json(key)
+        return decision if existing is None else existing

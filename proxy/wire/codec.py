@@ -1,0 +1,215 @@
+"""The one seam between a client API's wire format and the rest of the proxy.
+
+The transforms and the accountant work on an API-neutral conversation: an
+ordered list of items, each one a message, tool call or tool result exactly as
+the client's API spells it (the client's own objects, untouched unless a
+transform replaces them). They never look inside an item themselves: every
+question about one (its role, its text, its tool calls, the call a result
+answers) and every new or changed item goes through the request's `Codec`.
+Adding a client API is adding a codec; no transform changes.
+
+Why opaque items rather than converted ones: an item nobody changed is emitted
+as the very object the client sent, so the rewritten body repeats the client's
+bytes for it, and per-item facts (digests, token counts, the session memo) stay
+keyed by the same objects across requests. Byte-stable by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+if TYPE_CHECKING:
+    import httpx
+
+    from proxy.accounting.usage import Usage
+    from proxy.wire.chat.rounds import Rounds
+    from proxy.wire.conversation import Conversation, ReadTool
+    from proxy.store.archive import Archive
+
+Item = Any  # one element of the conversation, in its API's own shape; only a codec looks inside
+Body = dict[str, Any]  # a parsed request body
+Role = Literal["system", "user", "assistant", "tool", "other"]
+Send = Callable[[bytes], Awaitable["httpx.Response"]]
+BreakpointStyle = Literal["anthropic", "openai"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call an assistant item makes: what the status bar, compaction and read-back need of it."""
+
+    id: str | None
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function tool the proxy offers the model (its own `context_read`), in neutral terms."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+class Codec(Protocol):
+    """Everything the proxy knows about one client API's request shape."""
+
+    api: ClassVar[str]  # the API's name in logs and records, e.g. "chat.completions"
+    # True: one assistant item carries all of a turn's calls, its results follow it (chat); False: each call
+    # is an item of its own, and a turn's calls (with reasoning between) come before their results (Responses).
+    calls_grouped: ClassVar[bool]
+    path: ClassVar[str]  # its endpoint below the upstream's base URL, e.g. "chat/completions"
+
+    # ---- the request body
+    def parse(self, raw: bytes) -> Body:
+        """The body, checked; anything malformed raises BadRequest (a 400), never a 500."""
+        ...
+
+    def check_items(self, body: Body, start: int) -> None:
+        """The items from `start` on are well-formed (the rest of parsing, once the session is known)."""
+        ...
+
+    def items(self, body: Body) -> list[Item]: ...
+
+    def set_items(self, body: Body, items: list[Item]) -> None: ...
+
+    def model(self, body: Body) -> str | None: ...
+
+    def is_stream(self, body: Body) -> bool: ...
+
+    def tools(self, body: Body) -> list[Any] | None:
+        """The tool definitions as the client sent them (opaque to the caller)."""
+        ...
+
+    def set_tools(self, body: Body, tools: list[Any]) -> None: ...
+
+    def tool_names(self, tools: list[Any]) -> list[str]: ...
+
+    def tool_definition(self, spec: ToolSpec) -> Any:
+        """A function tool in this API's shape."""
+        ...
+
+    def history_elsewhere(self, body: Body) -> bool:
+        """Whether the provider holds the earlier history (the request carries only the new items)."""
+        ...
+
+    def session_hint(self, body: Body) -> str | None:
+        """A conversation id the client sends in the body (the session when no X-Session-Id is given)."""
+        ...
+
+    def output_reserve(self, body: Body) -> int:
+        """The completion budget the request asks for, which must fit in the window too."""
+        ...
+
+    # ---- one item
+    def label(self, item: Item) -> str:
+        """The item's role as its API names it, for people (logs, transcripts, the inspector)."""
+        ...
+
+    def role(self, item: Item) -> Role:
+        """system (system and developer), user, assistant, tool (a tool result), or other."""
+        ...
+
+    def text(self, item: Item) -> str | None:
+        """The item's text (a string, or its text parts joined by newlines); None if it has none."""
+        ...
+
+    def first_text(self, item: Item) -> str:
+        """The item's first text, where the proxy writes its own marks; "" if none."""
+        ...
+
+    def with_text(self, item: Item, text: str) -> Item:
+        """A copy of the item whose text is `text` (its first text part, other text parts dropped)."""
+        ...
+
+    def replaced(self, item: Item, text: str) -> Item:
+        """A copy of the item whose whole content is `text` (a cleared result: its images go too)."""
+        ...
+
+    def calls(self, item: Item) -> list[ToolCall]: ...
+
+    def answers(self, item: Item) -> str | None:
+        """The id of the tool call a tool result answers."""
+        ...
+
+    def result_name(self, item: Item) -> str | None:
+        """The tool name a result names itself (legacy `name` fields); None if it does not."""
+        ...
+
+    def is_error(self, item: Item) -> bool:
+        """Whether the result says itself that it is an error (a flag, not its text)."""
+        ...
+
+    def message(self, role: Literal["system", "developer", "user"], text: str) -> Item:
+        """A new text message of that role (statuses, summaries, notes)."""
+        ...
+
+    def result(self, call_id: str | None, text: str) -> Item:
+        """A new tool result answering `call_id`."""
+        ...
+
+    # ---- the proxy's own calls (summaries), made in the agent's API
+    def request(self, model: str, items: list[Item], *, tools: list[Any] | None, extra: dict[str, Any],
+                max_output: int) -> Body:
+        """A deterministic (temperature 0) request: `items`, then `extra` fields (cache routing), then tools."""
+        ...
+
+    def reply_text(self, data: Any) -> str | None:
+        """The text of a non-streamed reply: "" if it has none (a tool call), None if it is not a reply."""
+        ...
+
+    def raw_usage(self, data: Any) -> dict[str, Any]:
+        """The reply's usage object as the provider wrote it ({} if none)."""
+        ...
+
+    # ---- the provider's answer
+    def ask_for_usage(self, conv: Conversation) -> bool:
+        """Have a stream report its usage; True if the client did not ask for it (so it is hidden again)."""
+        ...
+
+    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> Rounds | None:
+        """The hidden read-back rounds of this request, or None where the request cannot have them."""
+        ...
+
+    async def complete(self, send: Send, first: httpx.Response, url: str,
+                       rounds: Rounds) -> tuple[httpx.Response, bytes]:
+        """A non-streamed answer, with the read tool's calls answered in hidden rounds."""
+        ...
+
+    def stream(self, send: Send, first: httpx.Response, url: str, rounds: Rounds) -> AsyncIterator[bytes]:
+        """A streamed answer, likewise; the hidden rounds' usage is summed into the one the client sees."""
+        ...
+
+    def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
+                     hide_usage: bool) -> AsyncIterator[bytes]:
+        """The stream passed through as it arrives; its usage reported; StreamCutShort if it ends unfinished."""
+        ...
+
+    def usage_of_reply(self, content: bytes) -> Usage | None: ...
+
+    def stream_error(self, error_body: bytes) -> bytes:
+        """The event that ends a stream the proxy cannot finish (its headers are already out)."""
+        ...
+
+    # ---- prompt-cache breakpoints
+    def has_breakpoint(self, item: Item) -> bool: ...
+
+    def with_breakpoint(self, item: Item, style: BreakpointStyle) -> Item | None:
+        """The item with a cache breakpoint after it; None when it has nothing to hang one on."""
+        ...
+
+
+def add_call_names(wire: Codec, names: dict[str | None, str], item: Item) -> None:
+    """Fold one item's tool calls into an id → tool name map."""
+    for call in wire.calls(item):
+        names[call.id] = call.name
+
+
+def call_names(wire: Codec, items: list[Item]) -> dict[str | None, str]:
+    """Tool-call id → tool name over the items: how a result is told apart from the call it answers."""
+    names: dict[str | None, str] = {}
+    for item in items:
+        add_call_names(wire, names, item)
+    return names

@@ -1,0 +1,157 @@
+"""A request in transit, API-neutral: the client's raw bytes, the parsed body, its codec, what was done to it.
+
+Byte preservation is the default: until a transform marks the conversation
+changed, `to_bytes()` returns exactly the bytes the client sent. The items
+(`messages`) are the client's own objects; only `wire`, the request's codec,
+looks inside them (proxy/wire/codec.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from proxy import offloop
+from proxy.config import Route
+from proxy.wire.codec import Codec, Item
+from proxy.wire.jsonio import JsonStyle
+from proxy.store import Store
+from proxy.tokens.encodings import encoding_for_model
+from proxy.tokens.message_facts import MessageFacts, chars_of
+from proxy.tokens.counter import default_counter
+from proxy.upstream.client import Upstream
+
+if TYPE_CHECKING:
+    from proxy.rewrite.events import Event
+    from proxy.tokens.session_memo import RequestMemo
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    request_id: str
+    route: Route
+    tenant: str
+    session: str
+    model: str | None
+    stream: bool
+    store: Store
+    window: int  # the model's context window, in tokens
+    upstream: Upstream  # for the proxy's own calls (summaries), on the route's upstream
+    upstream_headers: list[tuple[str, str]]  # the client's headers as sent upstream (auth included)
+    archive_quota: int | None = None  # bytes of stored text the tenant may keep (settings.store_quota_bytes)
+
+
+@dataclass(frozen=True)
+class ReadTool:
+    """The proxy-owned read-back tool added to this request, and how its calls are answered."""
+
+    name: str
+    max_rounds: int
+    max_chars: int
+
+
+@dataclass
+class Conversation:
+    raw: bytes
+    body: dict[str, Any]
+    wire: Codec
+    changed: bool = False
+    events: list[Event] = field(default_factory=list)
+    earlier_events: list[Event] = field(default_factory=list)  # of a run the request was retried after
+    read_tool: ReadTool | None = None
+    client_messages: list[Item] = field(default_factory=list)  # as the client sent them
+    unmarked: dict[int, Item] = field(default_factory=dict)  # sent items before cache markers were added
+    status_anchor: tuple[int, Any] | None = None  # the status bar's: where its earlier statuses stood
+    memo: RequestMemo | None = None  # what the session's previous request left (proxy/tokens/session_memo.py)
+    facts: MessageFacts = field(init=False, repr=False)
+    _style: JsonStyle | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.facts = MessageFacts(self.client_messages, self._model)
+
+    def _model(self) -> str | None:
+        return self.wire.model(self.body)
+
+    @property
+    def model(self) -> str | None:
+        return self.wire.model(self.body)
+
+    @property
+    def tools(self) -> list[Any] | None:
+        return self.wire.tools(self.body)
+
+    def set_tools(self, tools: list[Any]) -> None:
+        self.wire.set_tools(self.body, tools)
+        self.changed = True
+
+    def kinds(self, kind: type[Event]) -> list[Any]:
+        """This request's events of one kind, in order."""
+        return [e for e in self.events if isinstance(e, kind)]
+
+    def digest(self, message: dict[str, Any]) -> bytes:
+        """message_digest, once per message object per request (transforms and accounting share it)."""
+        return self.facts.digest(message)
+
+    def digests(self, messages: Sequence[dict[str, Any]]) -> list[bytes]:
+        """The digest of each message; only messages not seen before are hashed (proxy/tokens/message_facts.py)."""
+        return self.facts.digests(messages)
+
+    def counts(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Tokens of each message for this request's model (as TokenCounter.message_counts), once per message."""
+        return self.facts.counts(messages)
+
+    async def prepare_digests(self) -> None:
+        """The client's big new messages hashed off the event loop (every request needs all their digests)."""
+        if len(self.raw) >= offloop.INLINE_CHARS:  # else no string in the body can be big
+            await self.facts.prepare(self.client_messages[self.memo.known if self.memo else 0:], counts=False)
+
+    async def prepare_counts(self) -> None:
+        """Token counts of the big messages (and of a big tool list) not counted yet, off the event loop.
+
+        Run before the transforms that read counts, once offload has taken out
+        what it takes out: an offloaded original is never counted for nothing.
+        """
+        if len(self.raw) >= offloop.INLINE_CHARS:
+            await self.facts.prepare(self.messages, counts=True)
+            tools = self.tools
+            if tools:
+                await offloop.run_if(chars_of(tools), default_counter.count_tools, tools, self._model())
+
+    async def count_prepared(self, message: dict[str, Any]) -> int:
+        """Tokens of one message (as `counts`), counted off the event loop if it is big."""
+        await self.facts.prepare((message,), counts=True)
+        return self.facts.count(message)
+
+    def encoding_name(self) -> str:
+        return encoding_for_model(self._model()).name
+
+    @property
+    def messages(self) -> list[Item]:
+        return self.wire.items(self.body)
+
+    def set_messages(self, messages: list[Item]) -> None:
+        self.wire.set_items(self.body, messages)
+        self.changed = True
+
+    @property
+    def style(self) -> JsonStyle:
+        """The client's JSON style, sniffed once per request (a scan of the whole body: ~10 ms at 10 MB)."""
+        if self._style is None:
+            self._style = JsonStyle.sniff(self.raw)
+        return self._style
+
+    def to_bytes(self) -> bytes:
+        if not self.changed:
+            return self.raw
+        return self.style.dumps(self.body)
+
+    @classmethod
+    def parse(cls, raw: bytes, wire: Codec) -> Conversation:
+        """Parse and check a body in the codec's API; anything malformed is a 400, never a 500."""
+        body = wire.parse(raw)
+        return cls(raw=raw, body=body, wire=wire, client_messages=wire.items(body))
+
+    def check_messages(self, start: int = 0) -> None:
+        """The rest of parsing: the items from `start` on (those the session's memo does not know)."""
+        self.wire.check_items(self.body, start)

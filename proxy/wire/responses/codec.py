@@ -1,0 +1,255 @@
+"""The Responses API codec: `input` items, flat function tools, usage as input/output tokens.
+
+Items the transforms may look into: messages (roles system, developer, user,
+assistant; text in `input_text` / `output_text` parts or a string),
+`function_call` / `custom_tool_call` (an assistant's call, one per item), and
+their `*_output` items (tool results). Everything else (`reasoning` with its
+encrypted content, `compaction`, `item_reference`, shell, MCP, images, types not
+invented yet) reads as role `other` with no text: never rewritten, never moved,
+emitted as the very object the client sent. `instructions` is never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import httpx
+import orjson
+
+from proxy.accounting.usage import Usage, usage_of_body
+from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
+from proxy.wire.responses import rounds as read_rounds
+from proxy.wire.responses.validate import check_items, parse_body
+
+if TYPE_CHECKING:
+    from proxy.store.archive import Archive
+    from proxy.wire.conversation import Conversation, ReadTool
+
+_MESSAGE_ROLES: dict[Any, Role] = {"system": "system", "developer": "system", "user": "user",
+                                   "assistant": "assistant"}
+_CALLS = {"function_call": "arguments", "custom_tool_call": "input"}  # call type -> its arguments field
+_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+
+
+def _kind(item: Item) -> Any:
+    kind = item.get("type")
+    return "message" if kind is None and "role" in item else kind
+
+
+def _texts(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p, dict) and p.get("type") in _TEXT_PARTS
+                and isinstance(p.get("text"), str)]
+    return []
+
+
+def _text_field(item: Item) -> str | None:
+    kind = _kind(item)
+    if kind == "message":
+        return "content"
+    if kind in _OUTPUTS:
+        return "output"
+    return None
+
+
+class Responses:
+    api: ClassVar[str] = "responses"
+    path: ClassVar[str] = "responses"
+    calls_grouped: ClassVar[bool] = False
+
+    def parse(self, raw: bytes) -> Body:
+        body = parse_body(raw)
+        if isinstance(body.get("input"), str):  # one user message; sent as the client wrote it unless changed
+            body["input"] = [{"role": "user", "content": body["input"]}]
+        return body
+
+    def check_items(self, body: Body, start: int) -> None:
+        check_items(body, self.items(body), start)
+
+    def items(self, body: Body) -> list[Item]:
+        items = body.get("input")
+        if items is None:
+            items = body["input"] = []
+        assert isinstance(items, list)
+        return items
+
+    def set_items(self, body: Body, items: list[Item]) -> None:
+        body["input"] = items
+
+    def model(self, body: Body) -> str | None:
+        model = body.get("model")
+        return model if isinstance(model, str) else None
+
+    def is_stream(self, body: Body) -> bool:
+        return body.get("stream") is True
+
+    def tools(self, body: Body) -> list[Any] | None:
+        tools = body.get("tools")
+        return tools if isinstance(tools, list) else None
+
+    def set_tools(self, body: Body, tools: list[Any]) -> None:
+        body["tools"] = tools
+
+    def tool_names(self, tools: list[Any]) -> list[str]:
+        return [str(t.get("name") or t.get("type")) for t in tools if isinstance(t, dict)]
+
+    def tool_definition(self, spec: ToolSpec) -> Any:
+        return {"type": "function", "name": spec.name, "description": spec.description,
+                "parameters": spec.parameters, "strict": False}
+
+    def history_elsewhere(self, body: Body) -> bool:
+        return bool(body.get("previous_response_id") or body.get("conversation"))
+
+    def session_hint(self, body: Body) -> str | None:
+        """Codex sends its conversation id as prompt_cache_key; a `conversation` names one too."""
+        for value in (body.get("prompt_cache_key"), body.get("conversation")):
+            if isinstance(value, dict):
+                value = value.get("id")
+            if isinstance(value, str) and value:
+                return value
+        return None
+
+    def output_reserve(self, body: Body) -> int:
+        v = body.get("max_output_tokens")
+        return v if isinstance(v, int) and v > 0 else 0
+
+    def label(self, item: Item) -> str:
+        kind = _kind(item)
+        if kind == "message":
+            role = item.get("role")
+            return role if isinstance(role, str) else "?"
+        return kind if isinstance(kind, str) else "?"
+
+    def role(self, item: Item) -> Role:
+        kind = _kind(item)
+        if kind == "message":
+            try:
+                return _MESSAGE_ROLES.get(item.get("role"), "other")
+            except TypeError:
+                return "other"
+        if kind in _CALLS:
+            return "assistant"
+        if kind in _OUTPUTS:
+            return "tool"
+        return "other"
+
+    def text(self, item: Item) -> str | None:
+        field = _text_field(item)
+        if field is None:
+            return None
+        value = item.get(field)
+        if isinstance(value, str):
+            return value
+        texts = _texts(value)
+        return "\n".join(texts) if texts else None
+
+    def first_text(self, item: Item) -> str:
+        field = _text_field(item)
+        texts = _texts(item.get(field)) if field else []
+        return texts[0] if texts else ""
+
+    def with_text(self, item: Item, text: str) -> Item:
+        field = _text_field(item)
+        assert field is not None
+        value = item.get(field)
+        if not isinstance(value, list):
+            return {**item, field: text}
+        parts, placed = [], False
+        for p in value:
+            if isinstance(p, dict) and p.get("type") in _TEXT_PARTS and isinstance(p.get("text"), str):
+                if not placed:
+                    parts.append({**p, "text": text})
+                    placed = True
+                continue
+            parts.append(p)
+        return {**item, field: parts}
+
+    def replaced(self, item: Item, text: str) -> Item:
+        field = _text_field(item)
+        assert field is not None
+        return {**item, field: text}
+
+    def calls(self, item: Item) -> list[ToolCall]:
+        kind = _kind(item)
+        if kind not in _CALLS:
+            return []
+        args = item.get(_CALLS[kind])
+        return [ToolCall(item.get("call_id"), str(item.get("name") or "?"), args if isinstance(args, str) else "")]
+
+    def answers(self, item: Item) -> str | None:
+        if _kind(item) not in _OUTPUTS:
+            return None
+        cid = item.get("call_id")
+        return cid if isinstance(cid, str) else None
+
+    def result_name(self, item: Item) -> str | None:
+        return None
+
+    def is_error(self, item: Item) -> bool:
+        return False
+
+    def message(self, role: Literal["system", "developer", "user"], text: str) -> Item:
+        return {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
+
+    def result(self, call_id: str | None, text: str) -> Item:
+        return {"type": "function_call_output", "call_id": call_id, "output": text}
+
+    def request(self, model: str, items: list[Item], *, tools: list[Any] | None, extra: dict[str, Any],
+                max_output: int) -> Body:
+        body: Body = {"model": model, "input": items, **extra}
+        if tools:
+            body["tools"] = tools
+        body.update(temperature=0, max_output_tokens=max_output, store=False)
+        return body
+
+    def reply_text(self, data: Any) -> str | None:
+        output = data.get("output") if isinstance(data, dict) else None
+        if not isinstance(output, list):
+            return None
+        texts = [t for item in output if isinstance(item, dict) and item.get("type") == "message"
+                 for t in _texts(item.get("content"))]
+        return "\n".join(texts)
+
+    def raw_usage(self, data: Any) -> dict[str, Any]:
+        usage = data.get("usage") if isinstance(data, dict) else None
+        return usage if isinstance(usage, dict) else {}
+
+    def ask_for_usage(self, conv: Conversation) -> bool:
+        return False  # a Responses stream always ends with response.completed, usage included
+
+    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> read_rounds.Rounds | None:
+        return read_rounds.Rounds(conv, tool, archive)
+
+    async def complete(self, send: Send, first: httpx.Response, url: str,
+                       rounds: read_rounds.Rounds) -> tuple[httpx.Response, bytes]:
+        return await read_rounds.complete(send, first, url, rounds)
+
+    def stream(self, send: Send, first: httpx.Response, url: str,
+               rounds: read_rounds.Rounds) -> AsyncIterator[bytes]:
+        return read_rounds.stream(send, first, url, rounds)
+
+    def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
+                     hide_usage: bool) -> AsyncIterator[bytes]:
+        return read_rounds.watch(chunks, on_usage)
+
+    def usage_of_reply(self, content: bytes) -> Usage | None:
+        try:
+            return usage_of_body(orjson.loads(content))
+        except orjson.JSONDecodeError:
+            return None
+
+    def stream_error(self, error_body: bytes) -> bytes:
+        return b"event: error\ndata: " + error_body + b"\n\n"
+
+    def has_breakpoint(self, item: Item) -> bool:
+        return False
+
+    def with_breakpoint(self, item: Item, style: BreakpointStyle) -> Item | None:
+        return None  # the Responses API caches by prefix and prompt_cache_key; it takes no markers
+
+
+RESPONSES = Responses()

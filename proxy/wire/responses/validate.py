@@ -1,0 +1,112 @@
+"""What a Responses API request body must be before the proxy touches it.
+
+Strict only where the proxy reads: the items a transform may look into (messages,
+function and custom tool calls and their outputs) must have the fields it reads,
+of the right types. Every other item type, known or from the future, is opaque and
+passes as it came; an item must only be an object with a string `type` (or a
+`role`: a message may omit its type). A `function_call_output` must answer a call
+of the same input, unless the provider holds the earlier history
+(`previous_response_id`, `conversation`) or the input references earlier items.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.errors import BadRequest
+from proxy.wire import jsonio
+
+_MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant"})
+_CALLS = frozenset({"function_call", "custom_tool_call"})
+_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
+_CALL_FIELDS = {"function_call": ("call_id", "name", "arguments"), "custom_tool_call": ("call_id", "name", "input")}
+_MAX_DEPTH = 254
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """Parse and check a Responses body, all but its input items."""
+    try:
+        body = jsonio.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", param="model")
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    if "input" in body and not isinstance(body["input"], (str, list)):
+        raise BadRequest("'input' must be a string or an array of items", param="input")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise BadRequest("'tools' must be an array", param="tools")
+    for i, tool in enumerate(tools or ()):
+        if not isinstance(tool, dict) or not isinstance(tool.get("type", ""), str):
+            raise BadRequest(f"tools[{i}] must be an object with a string type", param=f"tools[{i}]")
+        if not isinstance(tool.get("name", ""), str):
+            raise BadRequest(f"tools[{i}].name must be a string", param=f"tools[{i}].name")
+    try:
+        jsonio.dumps(body)
+    except orjson.JSONEncodeError:
+        raise BadRequest(f"request body is nested deeper than {_MAX_DEPTH} levels", code="invalid_json") from None
+    return body
+
+
+def check_items(body: dict[str, Any], items: list[Any], start: int) -> None:
+    """Items from `start` on are well-formed; outputs answer calls (looked up over all items)."""
+    calls: set[str] | None = None
+    for i in range(start, len(items)):
+        item, where = items[i], f"input[{i}]"
+        if not isinstance(item, dict):
+            raise BadRequest(f"{where} must be an object", param=where)
+        kind = item.get("type")
+        if kind is None:
+            if "role" not in item:
+                raise BadRequest(f"{where} has no 'type'", param=f"{where}.type")
+            kind = "message"
+        if not isinstance(kind, str):
+            raise BadRequest(f"{where}.type must be a string", param=f"{where}.type")
+        if kind == "message":
+            _check_message(item, where)
+        elif kind in _CALLS:
+            for key in _CALL_FIELDS[kind]:
+                if not isinstance(item.get(key), str):
+                    raise BadRequest(f"{where}.{key} must be a string", param=f"{where}.{key}")
+        elif kind in _OUTPUTS:
+            cid = item.get("call_id")
+            if not isinstance(cid, str):
+                raise BadRequest(f"{where}.call_id must be a string", param=f"{where}.call_id")
+            if not isinstance(item.get("output"), (str, list)):
+                raise BadRequest(f"{where}.output must be a string or an array", param=f"{where}.output")
+            if calls is None:
+                calls = _known_calls(body, items)
+            if calls is not _ANY and cid not in calls:
+                raise BadRequest(f"{where}.call_id {cid!r} answers no tool call of this input",
+                                 param=f"{where}.call_id")
+
+
+_ANY: set[str] = set()  # the provider holds earlier items: any call id may be answered
+
+
+def _known_calls(body: dict[str, Any], items: list[Any]) -> set[str]:
+    if body.get("previous_response_id") or body.get("conversation"):
+        return _ANY
+    if any(isinstance(it, dict) and it.get("type") == "item_reference" for it in items):
+        return _ANY
+    return {it["call_id"] for it in items if isinstance(it, dict) and it.get("type") in _CALLS
+            and isinstance(it.get("call_id"), str)}
+
+
+def _check_message(item: dict[str, Any], where: str) -> None:
+    role = item.get("role")
+    if role not in _MESSAGE_ROLES:
+        raise BadRequest(f"{where}.role must be one of {', '.join(sorted(_MESSAGE_ROLES))}", param=f"{where}.role")
+    content = item.get("content")
+    if not isinstance(content, (str, list)):
+        raise BadRequest(f"{where}.content must be a string or an array of parts", param=f"{where}.content")
+    for j, part in enumerate(content if isinstance(content, list) else ()):
+        if not isinstance(part, dict):
+            raise BadRequest(f"{where}.content[{j}] must be an object", param=f"{where}.content[{j}]")

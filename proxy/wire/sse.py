@@ -1,0 +1,86 @@
+"""Server-sent events from a provider: split into events, read the usage chunk, hide it when the client did not ask.
+
+The proxy asks every stream for `stream_options.include_usage` so it can
+account for it; a client that did not ask must not receive that extra chunk.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+
+from proxy.accounting.usage import Usage, parse_usage
+
+DONE = b"[DONE]"
+_FINISHED = re.compile(rb'"finish_reason":\s*"|"type":\s*"response\.completed"')
+
+
+def split_events(buffer: bytearray) -> list[bytes]:
+    """Whole events (each ending in a blank line) taken off the front of the buffer."""
+    out = []
+    while True:
+        i = buffer.find(b"\n\n")
+        if i < 0:
+            return out
+        out.append(bytes(buffer[:i + 2]))
+        del buffer[:i + 2]
+
+
+def event_payload(event: bytes) -> bytes:
+    """An event's data lines joined, without the field names; b"" for an event with no data (a comment)."""
+    return b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+
+
+def event_data(event: bytes) -> Any:
+    """The JSON of an event's data lines; b"[DONE]"; or None (no data, or data that is not JSON)."""
+    payload = event_payload(event)
+    if not payload or payload == DONE:
+        return payload or None
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def is_usage_chunk(chunk: Any) -> bool:
+    return isinstance(chunk, dict) and chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)
+
+
+class StreamCutShort(Exception):
+    """The provider closed a stream before it finished (no finish_reason, no [DONE])."""
+
+
+async def account_stream(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
+                         hide_usage: bool) -> AsyncIterator[bytes]:
+    """Pass events through as they complete; report the usage chunk, and drop it if the client did not ask.
+
+    A stream that ends without a finish_reason or [DONE] was cut: the caller gets
+    StreamCutShort after the last event, so the client is told instead of
+    mistaking a truncated answer for a whole one.
+    """
+    buffer = bytearray()
+    finished = False
+    async for raw in chunks:
+        buffer += raw.replace(b"\r\n", b"\n") if b"\r" in raw else raw
+        out = []
+        for ev in split_events(buffer):
+            if not finished and (b"[DONE]" in ev or _FINISHED.search(ev)):
+                finished = True
+            if b'"usage":{' in ev or b'"usage": {' in ev:
+                chunk = event_data(ev)
+                if is_usage_chunk(chunk):
+                    usage = parse_usage(chunk["usage"])
+                    if usage is not None:
+                        on_usage(usage)
+                    if hide_usage:
+                        continue
+            out.append(ev)
+        if out:
+            yield b"".join(out)
+    if buffer:
+        yield bytes(buffer)
+    if not finished:
+        raise StreamCutShort("the provider closed the stream before it finished")
