@@ -190,6 +190,7 @@ def serve_mock() -> int:
     """
     import orjson
 
+    from tests import _mock_prompt as mp
     from tests import _mock_stream as ms
     from tests.mock_upstream import MockUpstream
 
@@ -248,7 +249,7 @@ def serve_mock() -> int:
                 apply()
             elif cmd.get("cmd") == "reset":
                 mock.reset()
-                ms._TOKEN_CACHE.clear()
+                mp.forget_tokens()
                 apply()
                 gc.collect()
             print("ok", flush=True)

