@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Every table of bench/RESULTS.md from one command, in one run, on one snapshot of the proxy.
 
-    python bench/all.py [--out DIR] [--quick] [--skip NAME,...]
+    python -m bench.all [--out DIR] [--quick] [--skip NAME,...] [--traces-dir DIR]
 
 Why one command: the figures are only comparable when they come from the same
 code on the same machine in the same sitting (these 2-core machines are
@@ -9,17 +8,24 @@ noisy), and a reader should be able to reproduce the published page without
 piecing commands together. The proxy is snapshotted first (`git archive HEAD
 proxy`), so editing the working tree while this runs changes nothing measured.
 
-Steps, in order, each one a benchmark script run as a subprocess with its
-stdout kept in DIR/<step>.txt and its JSON in DIR/<step>.json:
+Steps, in order, each one a benchmark module run as a subprocess
+(``python -P -m bench.<name>``) with its stdout kept in DIR/<step>.txt and its
+JSON in DIR/<step>.json:
 
-  replay-32k    replay.py --window 32000 --settings compress,ctxproxy-status-replace,frontier
-  replay-128k   replay.py --window 128000 --settings compress,ctxproxy-status-replace
-  offload       replay.py --settings offload (issue 3's check, 128k), and the same two ctxproxy
+  replay-32k    bench.replay --window 32000 --settings compress,ctxproxy-status-replace,frontier
+  replay-128k   bench.replay --window 128000 --settings compress,ctxproxy-status-replace
+  offload       bench.replay --settings offload (the offload checks, 128k), and the same two ctxproxy
                 settings with the status bar off
-  overhead      overhead.py --litellm (direct / ctxproxy / LiteLLM interleaved)
-  scaling       scaling.py (CPU per request, 10 to 1,000 messages)
-  tokens        token_count.py
-  plot          plot.py DIR/replay-32k.json -o DIR/results.png
+  overhead      bench.overhead --litellm (direct / ctxproxy / floor / LiteLLM interleaved)
+  scaling       bench.scaling (CPU per request, 10 to 1,000 messages)
+  tokens        bench.token_count
+  plot          bench.plot DIR/replay-32k.json -o DIR/results.png
+
+Every step runs with ``PYTHONPATH=<snapshot>:<repository>``: ``proxy`` is
+imported from the snapshot, ``bench`` and ``tests`` from the repository; ``-P``
+keeps the current directory (the working tree, with its own ``proxy/``) off
+the front of the import path, so it cannot shadow the snapshot. The trajectory
+corpus is ``--traces-dir``, default ``$CTXPROXY_TRACES_DIR``.
 
 The timing steps (overhead, scaling, tokens) run after the token-deterministic
 replays, so nothing else of this script competes with them for the CPU. The
@@ -38,29 +44,39 @@ import tarfile
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from bench.paths import PROXY_CLI, ROOT, TRACES_ENV, default_traces_dir, traces_dir
 
 
-def steps(out: str, src: str, quick: bool) -> list[tuple[str, list[str], dict[str, str]]]:
-    """(name, argv, extra environment) of every step, in the order they run."""
+def module(name: str) -> list[str]:
+    """argv of one benchmark module: `python -P -m bench.<name>` (see the module docstring for -P)."""
+    return [sys.executable, "-P", "-m", f"bench.{name}"]
+
+
+def step_env(src: str, corpus: str) -> dict[str, str]:
+    """The environment every step adds: the snapshot, then the repository, on the import path; the corpus."""
+    path = os.pathsep.join(filter(None, [src, ROOT, os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, TRACES_ENV: corpus}
+
+
+def steps(out: str, src: str, quick: bool) -> list[tuple[str, list[str]]]:
+    """(name, argv) of every step, in the order they run."""
     py = sys.executable
-    snap_env = {"PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    replay = [py, os.path.join(HERE, "replay.py"), "--per-trace", "--quiet", "--proxy-src", src]
+    replay = module("replay") + ["--per-trace", "--quiet", "--proxy-src", src]
     return [
         ("replay-32k", replay + ["--window", "32000", "--settings", "compress,ctxproxy-status-replace,frontier",
-                                 "--json", f"{out}/replay-32k.json"], {}),
+                                 "--json", f"{out}/replay-32k.json"]),
         ("replay-128k", replay + ["--window", "128000", "--settings", "compress,ctxproxy-status-replace",
-                                  "--json", f"{out}/replay-128k.json"], {}),
+                                  "--json", f"{out}/replay-128k.json"]),
         ("offload", replay + ["--settings", "offload,ctxproxy+status_bar.enabled=false,"
                               "ctxproxy+status_bar.enabled=false+offload.tool_result_tokens=1000",
-                              "--json", f"{out}/offload.json"], {}),
-        ("overhead", [py, os.path.join(HERE, "overhead.py"), "--litellm", *(["--quick"] if quick else []),
-                      "--proxy-cmd", f"{shlex.quote(py)} -m proxy.cli", "--json", f"{out}/overhead.json"], snap_env),
-        ("scaling", [py, os.path.join(HERE, "scaling.py"), "--proxy-src", src, *(["--runs", "8"] if quick else []),
-                     "--json", f"{out}/scaling.json"], {}),
-        ("tokens", [py, os.path.join(HERE, "token_count.py")], snap_env),
-        ("plot", [py, os.path.join(HERE, "plot.py"), f"{out}/replay-32k.json", "-o", f"{out}/results.png"], {}),
+                              "--json", f"{out}/offload.json"]),
+        ("overhead", module("overhead") + ["--litellm", *(["--quick"] if quick else []),
+                                           "--proxy-cmd", f"{shlex.quote(py)} -m {PROXY_CLI}",
+                                           "--json", f"{out}/overhead.json"]),
+        ("scaling", module("scaling") + ["--proxy-src", src, *(["--runs", "8"] if quick else []),
+                                         "--json", f"{out}/scaling.json"]),
+        ("tokens", module("token_count")),
+        ("plot", module("plot") + [f"{out}/replay-32k.json", "-o", f"{out}/results.png"]),
     ]
 
 
@@ -77,31 +93,36 @@ def snapshot(dest: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """Snapshot the proxy, run every step not skipped; 0 when all succeeded."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), f"ctxproxy-bench-{stamp}"))
     ap.add_argument("--quick", action="store_true", help="fewer timed requests (overhead, scaling)")
     ap.add_argument("--skip", default="", help="comma-separated step names to leave out")
+    ap.add_argument("--traces-dir", default=default_traces_dir(), help=f"the trajectory corpus (default ${TRACES_ENV})")
     args = ap.parse_args(argv)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    corpus = os.path.abspath(traces_dir(args.traces_dir))
+    args.out = os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
     src = os.path.join(args.out, "proxy-src")
     try:
         commit = snapshot(src)
     except (OSError, subprocess.CalledProcessError) as e:
-        print(f"all.py: cannot snapshot the proxy with git archive ({e}); run it inside the repository",
+        print(f"bench.all: cannot snapshot the proxy with git archive ({e}); run it inside the repository",
               file=sys.stderr)
         return 2
     print(f"ctxproxy {commit}, snapshot in {src}; outputs in {args.out}", flush=True)
     failed = []
-    for name, cmd, env in steps(args.out, src, args.quick):
+    env = {**os.environ, **step_env(src, corpus)}
+    for name, cmd in steps(args.out, src, args.quick):
         if name in skip:
             continue
         t0 = time.perf_counter()
         print(f"== {name}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
         with open(os.path.join(args.out, f"{name}.txt"), "w", encoding="utf-8") as log:
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, **env}).returncode
+                                env=env).returncode
         print(f"   {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.perf_counter() - t0:.0f} s: "
               f"{args.out}/{name}.txt", flush=True)
         if rc:

@@ -1,4 +1,4 @@
-"""Open-source context proxies run side by side with ctxproxy in the replay (bench/replay.py).
+"""Open-source context proxies run side by side with ctxproxy in the replay (``python -m bench.replay``).
 
 Each one is pip-installed, pinned, into its own virtualenv under
 ``bench/.venvs/<name>`` (gitignored) by the benchmark itself, the first time it

@@ -42,7 +42,7 @@ from typing import Any
 
 import tiktoken
 
-from identifiers import head_end  # bench/, beside this file
+from bench.identifiers import head_end
 
 SUMMARY_TOKENS = 500  # budget of the digest lines (headings come on top: ~520-560 tokens in all)
 LINE_CHARS = 160  # a message's first line, at most this many characters

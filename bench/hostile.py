@@ -1,6 +1,6 @@
-"""The hostile-neighbour run of ``bench/load.py --hostile``: do a client's worst inputs slow everybody else?
+"""The hostile-neighbour run of ``python -m bench.load --hostile``: do a client's worst inputs slow everybody else?
 
-Same processes as load.py (the load mock in its own subprocess, answering after
+Same processes as bench.load (the load mock in its own subprocess, answering after
 ``--delay``; the proxy as users run it, default config, SQLite store). Small
 non-streaming requests run in a closed loop at ``--hostile-concurrency`` (8) with
 /healthz polled every 50 ms beside them, in runs of ``--hostile-duration``
@@ -19,7 +19,7 @@ The neighbour learns the trap's handle from the mock, which answers a request
 whose prompt names a handle with that handle, and asks for a read-back by
 ending its prompt with a ``HOSTILE-READ {json}`` message: the mock then calls
 ``context_read`` with those arguments, and answers the proxy's hidden round
-with text (`mock_reply`, used by load.py's mock). Runs alternate Q H Q H, so
+with text (`mock_reply`, used by bench.load's mock). Runs alternate Q H Q H, so
 the machine's noise hits both alike; the figures are per kind of run, all its
 samples together: small requests' p50/p99/max and errors, the worst /healthz,
 and what the neighbour got done (its requests and their median times).
@@ -140,7 +140,7 @@ async def store_trap(url: str, auth: dict[str, str]) -> str:
 
 async def run(proxy_base: str, auth: dict[str, str], small: bytes, closed_loop: Any, procs: Any,
               cfg: dict[str, Any]) -> dict[str, Any]:
-    """Q H Q H ... runs; closed_loop is load.py's (small requests at a concurrency, with CPU figures)."""
+    """Q H Q H ... runs; closed_loop is bench.load's (small requests at a concurrency, with CPU figures)."""
     url = proxy_base + "/v1/chat/completions"
     handle = await store_trap(url, auth)
     kinds: dict[str, dict[str, Any]] = {k: {"lat": [], "errors": 0, "error_kinds": {}, "requests": 0, "healthz": [],

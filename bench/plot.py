@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """The published plot: effective input cost and cache hit rate per setting, from a replay's JSON.
 
-    python bench/replay.py --window 32000 --settings compress,ctxproxy-status-replace --json /tmp/replay_32k.json
-    python bench/plot.py /tmp/replay_32k.json [-o bench/results.png]
+    python -m bench.replay --window 32000 --settings compress,ctxproxy-status-replace --json replay_32k.json
+    python -m bench.plot replay_32k.json [-o bench/results.png]
 
 Two bar panels, one bar per setting of the replay (in its order): cost units
 (uncached prompt tokens + 0.1 x cached, the proxies' own calls included) and
@@ -179,7 +178,7 @@ def _tradeoff(ax: Any, rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("replay_json", help="a bench/replay.py --json file")
+    ap.add_argument("replay_json", help="a `python -m bench.replay --json` file")
     ap.add_argument("-o", "--out", default=os.path.join(HERE, "results.png"))
     ap.add_argument("--title", help="figure title (default: window, requests, proxy source)")
     args = ap.parse_args(argv)

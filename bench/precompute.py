@@ -1,6 +1,6 @@
 """What `compress.precompute` saves the request that crosses the compression trigger.
 
-    python bench/precompute.py [--trace proxy/examples/13_*.json] [--window 16000] [--summary-delay 3]
+    python -m bench.precompute [--trace proxy/examples/13_*.json] [--window 16000] [--summary-delay 3]
                                [--think 0.6] [--json out.json]
 
 One run, two proxies side by side: the same agent session is replayed turn by turn
@@ -8,7 +8,7 @@ through a proxy with the default `compress.precompute` (0.78) and through one wi
 `precompute: null`, concurrently, so machine noise hits both alike. Both talk to one
 fake provider, in this process on a free 127.0.0.1 port, that answers the agent's own
 calls at once and the proxies' summary calls (recognised and answered by
-`fake_llm.py`) after `--summary-delay` seconds, as a real summarizer call takes
+`bench/fake_llm.py`) after `--summary-delay` seconds, as a real summarizer call takes
 seconds. Each turn sends `messages[:i]` for each assistant message i of the
 trajectory (the recorded answer is what the next turn carries), then the agent
 "thinks" `--think` seconds, as an agent waits for its model: that is the time a
@@ -37,11 +37,11 @@ from typing import Any
 import httpx
 import uvicorn
 
-import fake_llm  # bench/, beside this file
+from bench import fake_llm
+from bench.paths import ROOT
 from proxy.app import create_app
 from proxy.config import build_settings
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TRACE = "13_mini-swe-agent_*.json"  # in proxy/examples: 186 messages, ~40k tokens
 MODEL = "gpt-4o"
 NEIGHBOURS = 5  # ordinary requests on each side of a crossing, for its baseline
@@ -145,7 +145,7 @@ def proxy_app(upstream: str, store: str, window: int, precompute: float | None) 
 
 def load_trace(path: str | None) -> dict[str, Any]:
     if path is None:
-        found = sorted(glob.glob(os.path.join(os.path.dirname(HERE), "proxy", "examples", DEFAULT_TRACE)))
+        found = sorted(glob.glob(os.path.join(ROOT, "proxy", "examples", DEFAULT_TRACE)))
         if not found:
             raise SystemExit(f"no {DEFAULT_TRACE} under proxy/examples; pass --trace")
         path = found[0]

@@ -1,10 +1,10 @@
-#!/usr/bin/env python3
 """Benchmark: token counting of a long agent conversation, cold and steady state.
 
 The conversation is real text: the first 200 messages of a mini-swe-agent
-trajectory from /work/shared/traces, whose tool results are grown - by
-appending tool results from the other trajectories, in file order - until the
-whole conversation is about 150k tokens (o200k_base). Deterministic.
+trajectory of the corpus (``--traces``, default ``$CTXPROXY_TRACES_DIR``), whose
+tool results are grown - by appending tool results from the other trajectories,
+in file order - until the whole conversation is about 150k tokens (o200k_base).
+Deterministic.
 
 Figures (milliseconds):
 
@@ -19,7 +19,7 @@ Figures (milliseconds):
 * digest only     - ``message_digest`` of the 200 messages (the floor of any
                     steady-state count)
 
-Usage: ``python bench/token_count.py [--runs 50] [--target-tokens 150000] [--json]``.
+Usage: ``python -m bench.token_count [--runs 50] [--target-tokens 150000] [--traces DIR] [--json]``.
 Import ``build_conversation`` / ``run`` to reuse the pieces.
 """
 
@@ -37,10 +37,10 @@ from typing import Any
 
 import orjson
 
+from bench.paths import TRACES_ENV, default_traces_dir, traces_dir
 from proxy.tokens.encodings import get_encoding
 from proxy.tokens.counter import TokenCounter, message_digest
 
-TRACES_DIR = os.environ.get("CTXPROXY_TRACES_DIR", "/work/shared/traces")
 BASE_TRACE = "14_mini-swe-agent_gemini3pro_sympy__sympy-13091.json"  # 260 messages, one system prompt
 N_MESSAGES = 200
 TARGET_TOKENS = 150_000
@@ -61,22 +61,25 @@ def _load_messages(path: str) -> list[dict[str, Any]]:
         return orjson.loads(f.read())["messages"]
 
 
-def _tool_result_pool(traces_dir: str) -> list[str]:
+def _tool_result_pool(corpus: str) -> list[str]:
     pool = []
-    for path in sorted(glob.glob(os.path.join(traces_dir, "*.json"))):
+    for path in sorted(glob.glob(os.path.join(corpus, "*.json"))):
         for m in _load_messages(path):
             if m.get("role") == "tool" and isinstance(m.get("content"), str) and len(m["content"]) > 200:
                 pool.append(m["content"])
     return pool
 
 
-def build_conversation(traces_dir: str = TRACES_DIR, n_messages: int = N_MESSAGES,
+def build_conversation(corpus: str | None = None, n_messages: int = N_MESSAGES,
                        target_tokens: int = TARGET_TOKENS) -> tuple[list[dict[str, Any]], list[str]]:
-    """(``n_messages`` real messages totalling about ``target_tokens`` o200k tokens, the tool-result pool)."""
-    messages = _load_messages(os.path.join(traces_dir, BASE_TRACE))[:n_messages]
+    """(``n_messages`` real messages totalling about ``target_tokens`` o200k tokens, the tool-result pool).
+
+    `corpus`: the trajectory directory; default ``$CTXPROXY_TRACES_DIR``."""
+    corpus = traces_dir(corpus)
+    messages = _load_messages(os.path.join(corpus, BASE_TRACE))[:n_messages]
     if len(messages) < n_messages:
         raise SystemExit(f"{BASE_TRACE} has fewer than {n_messages} messages")
-    pool = _tool_result_pool(traces_dir)
+    pool = _tool_result_pool(corpus)
     counter = TokenCounter()
     total = counter.count_messages(messages, MODEL)
     tool_indexes = [i for i, m in enumerate(messages) if m.get("role") == "tool"]
@@ -109,10 +112,11 @@ def _p99(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
 
 
-def run(runs: int = 50, target_tokens: int = TARGET_TOKENS, traces_dir: str = TRACES_DIR) -> dict[str, Any]:
+def run(runs: int = 50, target_tokens: int = TARGET_TOKENS, corpus: str | None = None) -> dict[str, Any]:
+    """Every figure of the table, as a dict; `corpus` as for `build_conversation`."""
     load_ms, _ = _timed(lambda: (get_encoding("o200k_base"), get_encoding("cl100k_base")))
 
-    conversation, pool = build_conversation(traces_dir, N_MESSAGES, target_tokens)
+    conversation, pool = build_conversation(corpus, N_MESSAGES, target_tokens)
     raw_199 = orjson.dumps(conversation[:199])
     raw_200 = orjson.dumps(conversation)
 
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--target-tokens", type=int, default=TARGET_TOKENS)
-    ap.add_argument("--traces", default=TRACES_DIR)
+    ap.add_argument("--traces", default=default_traces_dir(), help=f"the trajectory corpus (default ${TRACES_ENV})")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     args = ap.parse_args(argv)
     result = run(args.runs, args.target_tokens, args.traces)

@@ -1,0 +1,151 @@
+"""``python -m bench.replay``: the arguments, the run over every setting, and what is printed and written."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from typing import Any
+
+from bench import replay as package
+from bench.paths import ROOT, TRACES_ENV, default_traces_dir, traces_dir
+from bench.replay.criteria import compare, compression_criteria, offload_criteria, over_trigger_traces
+from bench.replay.run import replay_setting
+from bench.replay.settings import (BASELINE, COMPRESS_SETTINGS, DEFAULT_SETTINGS, SETTING_GROUPS, SETTINGS,
+                                   STATUS_BAR_SETTINGS, derived_setting)
+from bench.replay.tables import (available, compaction_detail, compress_markdown, compress_per_trace_markdown,
+                                 criteria_markdown, markdown, per_trace_markdown, ranking_markdown,
+                                 status_bar_markdown)
+from bench.replay.traces import load_traces
+from tests import mock_upstream as mu
+
+
+def git_state() -> dict[str, Any]:
+    """HEAD of this repository and whether proxy/ differs from it (parallel edits)."""
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"head": git("rev-parse", "HEAD"),
+            "proxy_dirty": bool(git("status", "--porcelain", "--", "proxy"))}
+
+
+def machine() -> dict[str, Any]:
+    """Python, platform, CPU count and the date, for the JSON file."""
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def _setting_names(ap: argparse.ArgumentParser, spec: str) -> list[str]:
+    """The settings `--settings` names, groups expanded, in order, each registered (derived ones on the fly)."""
+    names = []
+    for s in (x.strip() for x in spec.split(",")):
+        names += SETTING_GROUPS.get(s, [s] if s else [])
+    names = list(dict.fromkeys(names))
+    for n in names:
+        if n not in SETTINGS:
+            try:
+                derived_setting(n)
+            except ValueError as e:
+                ap.error(str(e))
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        ap.error(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)} "
+                 f"(groups: {', '.join(SETTING_GROUPS)})")
+    return names
+
+
+def _print_compress_report(results: list[dict[str, Any]], ok: list[dict[str, Any]], checks: list[dict[str, Any]],
+                           subset: list[str], window: int) -> None:
+    """The compression tables: settings side by side, the ranking, the checks, the status bar, compactions."""
+    print(compress_markdown(results, subset))
+    verdict = ranking_markdown(results)
+    if verdict:
+        print()
+        print(verdict)
+    if checks:
+        print()
+        print(criteria_markdown(checks, "compression check"))
+    sb = status_bar_markdown(results)
+    if sb:
+        print()
+        print(sb)
+    print(f"\ntrajectories over the trigger (0.85 x {window:,}) as the client sends them: "
+          f"{', '.join(subset) or 'none'}")
+    for r in ok:
+        if r["setting"] != BASELINE and (r["total"]["cache_breaks"] or r["total"]["proxy_calls"]
+                                         or r["total"]["compactions"]):
+            print()
+            print(compaction_detail(r))
+    for r in results:
+        if "total" not in r:
+            print(f"\n{r['setting']}: not run, {r['unavailable']['stage']} failed:\n{r['unavailable']['error']}")
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Replay every trajectory through each setting named, print the tables; 0 on success."""
+    ap = argparse.ArgumentParser(description=(package.__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--window", type=int, default=mu.DEFAULT_WINDOW, help="the mock's context window for gpt-4o")
+    ap.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
+                    help=f"comma-separated, from: {', '.join(SETTINGS)}; or a group: "
+                         + "; ".join(f"{k} = {','.join(v)}" for k, v in SETTING_GROUPS.items()))
+    ap.add_argument("--traces", default="", help="comma-separated trajectory ids (01,19); default all")
+    ap.add_argument("--traces-dir", default=default_traces_dir(),
+                    help=f"the trajectory corpus (default ${TRACES_ENV})")
+    ap.add_argument("--json", dest="json_path", help="write all results (with per-request rows) here")
+    ap.add_argument("--proxy-mode", choices=("subprocess", "inprocess"), default="subprocess")
+    ap.add_argument("--final-turn", action="store_true",
+                    help="also send each whole trajectory that ends on a tool/user message (the next turn)")
+    ap.add_argument("--proxy-src", help="directory with the proxy package to run (subprocess mode), e.g. a "
+                                        "`git archive HEAD proxy` snapshot; default: the installed one")
+    ap.add_argument("--per-trace", action="store_true", help="also print the per-trajectory table")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = ap.parse_args(argv)
+
+    names = _setting_names(ap, args.settings)
+    traces = load_traces(traces_dir(args.traces_dir), [s for s in args.traces.split(",") if s.strip()] or None)
+
+    t0 = time.perf_counter()
+    results = []
+    with mu.MockUpstream() as mock:
+        for name in names:
+            results.append(replay_setting(SETTINGS[name], traces, mock, args.window, args.proxy_mode,
+                                          final_turn=args.final_turn, progress=not args.quiet,
+                                          proxy_src=args.proxy_src))
+    runtime = time.perf_counter() - t0
+    ok = available(results)
+    compare(ok)
+    # the offload checks are about the default 128k window; at another window they would mislead
+    criteria = offload_criteria(ok) if args.window == mu.DEFAULT_WINDOW else []
+    compress_mode = any(n in COMPRESS_SETTINGS[1:] + STATUS_BAR_SETTINGS for n in names)
+    subset = over_trigger_traces(traces, args.window, args.final_turn) if compress_mode else []
+    compress_checks = compression_criteria(results, args.window, subset) if compress_mode else []
+
+    if compress_mode:
+        _print_compress_report(results, ok, compress_checks, subset, args.window)
+    print(markdown(ok, criteria))
+    if args.per_trace:
+        print()
+        print(compress_per_trace_markdown(ok, subset) if compress_mode else per_trace_markdown(ok))
+    print(f"\n{len(traces)} trajectories, {sum(len(t.turns(args.final_turn)) for t in traces)} requests per setting "
+          f"({'with' if args.final_turn else 'without'} final turns), window {args.window:,}, "
+          f"proxy {args.proxy_mode}; total runtime {runtime:.1f}s")
+    if args.json_path:
+        command = shlex.join([sys.executable, "-m", "bench.replay", *sys.argv[1:]]) if argv is None else argv
+        out = {"command": command,
+               "window": args.window, "proxy_mode": args.proxy_mode, "final_turn": args.final_turn,
+               "proxy_src": os.path.abspath(args.proxy_src) if args.proxy_src else None, "git": git_state(),
+               "machine": machine(), "over_trigger_traces": subset,
+               "runtime_s": round(runtime, 2), "criteria": criteria, "criteria_compress": compress_checks,
+               "results": results}
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1, default=str)
+    return 0
