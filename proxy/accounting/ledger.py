@@ -21,7 +21,7 @@ from proxy.wire.conversation import Conversation, RequestContext
 
 if TYPE_CHECKING:
     from proxy.accounting.accountant import Accountant, Outcome
-    from proxy.wire.chat.rounds import Rounds
+    from proxy.wire.codec import ReadRounds as Rounds
 
 
 @dataclass

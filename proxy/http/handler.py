@@ -19,7 +19,7 @@ from proxy.accounting.report import event_fields
 from proxy.accounting.usage import Usage
 from proxy.errors import ProxyError
 from proxy.http.relay import error_response, relay_response, relay_stream
-from proxy.http.request_run import RequestRun, context, parse, stream_events
+from proxy.http.request_run import RequestRun, StreamEnd, context, parse, stream_events
 from proxy.http.send import Sent, send_upstream
 from proxy.rewrite.pipeline import run_pipeline
 from proxy.state import state_of
@@ -63,14 +63,14 @@ def _streamed(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, hide_usa
         ledger.outcome.usage = usage
 
     async def relay() -> AsyncIterator[bytes]:
-        status, error, size = resp.status_code, None, 0
+        end = StreamEnd(resp.status_code)
+        size = 0
         try:
-            async for chunk, status, error in stream_events(wire.watch_stream(chunks, on_usage, hide_usage),
-                                                            resp.status_code, run, wire):
+            async for chunk in stream_events(wire.watch_stream(chunks, on_usage, hide_usage), end, run, wire):
                 size += len(chunk)
                 yield chunk
         finally:
-            run.finish(ledger.close(status, error), status=status, error=error, bytes_out=size)
+            run.finish(ledger.close(end.status, end.error), status=end.status, error=end.error, bytes_out=size)
 
     headers = response_headers(resp.headers, decoded=True) + list(run.headers.items())
     return relay_stream(relay(), resp.status_code, headers)

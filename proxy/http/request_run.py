@@ -20,7 +20,8 @@ from proxy.accounting.accountant import Outcome, usage_from_events
 from proxy.errors import ProxyError, UpstreamUnreachable, error_body
 from proxy.http.relay import error_response, read_body
 from proxy.http.routing import api_key_of, resolve_route, session_id, tenant_id
-from proxy.logs import event, log as logger
+from proxy.logs import event
+from proxy.logs import log as logger
 from proxy.state import ProxyState
 from proxy.upstream.client import request_headers
 from proxy.upstream.windows import context_window
@@ -102,22 +103,32 @@ async def _context(st: ProxyState, request: Request, conv: Conversation, request
                                                            identity_encoding=True))
 
 
-async def stream_events(chunks: AsyncIterator[bytes], status: int, run: RequestRun,
-                        wire: Codec) -> AsyncIterator[tuple[bytes, int, str | None]]:
-    """(chunk, status, error) as chunks arrive; a broken stream ends with one error event, never a hang."""
+@dataclass
+class StreamEnd:
+    """How a relayed stream ended: the status it is accounted with and the error code, if it broke."""
+
+    status: int
+    error: str | None = None
+
+
+async def stream_events(chunks: AsyncIterator[bytes], end: StreamEnd, run: RequestRun,
+                        wire: Codec) -> AsyncIterator[bytes]:
+    """Chunks as they arrive; a broken stream ends with one error event (and `end` says why), never a hang."""
     first: float | None = None
     try:
         async for chunk in chunks:
             if first is None:
                 first = time.perf_counter()
                 run.log["ttfb_ms"] = round((first - run.t0) * 1000, 3)
-            yield chunk, status, None
+            yield chunk
     except ProxyError as err:
-        yield wire.stream_error(err.body()), err.status, err.code
+        end.status, end.error = err.status, err.code
+        yield wire.stream_error(err.body())
     except StreamCutShort as cut:
-        err = UpstreamUnreachable(f"upstream stream ended early: {cut}", code="upstream_stream_cut")
-        yield wire.stream_error(err.body()), err.status, err.code
+        cut_err = UpstreamUnreachable(f"upstream stream ended early: {cut}", code="upstream_stream_cut")
+        end.status, end.error = cut_err.status, cut_err.code
+        yield wire.stream_error(cut_err.body())
     except Exception as exc:  # a proxy bug: the headers are out, so say it in the stream rather than cut it
         logger.error("unexpected error in a stream", exc_info=exc, extra={"fields": {"request_id": run.request_id}})
-        yield (wire.stream_error(error_body("internal proxy error; see the proxy log", "proxy_error",
-                                            "internal_error")), 500, "internal_error")
+        end.status, end.error = 500, "internal_error"
+        yield wire.stream_error(error_body("internal proxy error; see the proxy log", "proxy_error", "internal_error"))

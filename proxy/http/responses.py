@@ -14,7 +14,8 @@ from starlette.websockets import WebSocket
 from proxy.http.handler import handle
 from proxy.wire.responses.codec import RESPONSES
 
-WEBSOCKET_REFUSED = "ctxproxy serves /v1/responses over HTTP only; in Codex set supports_websockets = false on the provider"
+WEBSOCKET_REFUSED = ("ctxproxy serves /v1/responses over HTTP only; in Codex set supports_websockets = false "
+                     "on the provider")
 
 
 async def responses(request: Request) -> Response:
@@ -22,5 +23,7 @@ async def responses(request: Request) -> Response:
 
 
 async def responses_websocket(websocket: WebSocket) -> None:
-    """A WebSocket upgrade gets a clear refusal: close code 1008 (policy) with the reason, never a hang."""
+    """A WebSocket upgrade gets a clear refusal: accepted, then closed at once with code 1008 (policy) and the
+    reason, which clients show; refusing the handshake instead would only say "HTTP 403"."""
+    await websocket.accept()
     await websocket.close(code=1008, reason=WEBSOCKET_REFUSED)

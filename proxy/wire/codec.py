@@ -24,9 +24,8 @@ if TYPE_CHECKING:
     import httpx
 
     from proxy.accounting.usage import Usage
-    from proxy.wire.chat.rounds import Rounds
-    from proxy.wire.conversation import Conversation, ReadTool
     from proxy.store.archive import Archive
+    from proxy.wire.conversation import Conversation, ReadTool
 
 Item = Any  # one element of the conversation, in its API's own shape; only a codec looks inside
 Body = dict[str, Any]  # a parsed request body
@@ -51,6 +50,14 @@ class ToolSpec:
     name: str
     description: str
     parameters: dict[str, Any]
+
+
+class ReadRounds(Protocol):
+    """The hidden read-back rounds of one request, as accounting sees them (each codec runs its own)."""
+
+    done: int  # rounds the proxy answered
+    messages: list[Item]  # the items as they grew: the client's, then each round's calls and answers
+    usages: list[Usage]  # each hidden call's usage, as reported
 
 
 class Codec(Protocol):
@@ -169,16 +176,16 @@ class Codec(Protocol):
         """Have a stream report its usage; True if the client did not ask for it (so it is hidden again)."""
         ...
 
-    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> Rounds | None:
+    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> ReadRounds | None:
         """The hidden read-back rounds of this request, or None where the request cannot have them."""
         ...
 
     async def complete(self, send: Send, first: httpx.Response, url: str,
-                       rounds: Rounds) -> tuple[httpx.Response, bytes]:
+                       rounds: Any) -> tuple[httpx.Response, bytes]:
         """A non-streamed answer, with the read tool's calls answered in hidden rounds."""
         ...
 
-    def stream(self, send: Send, first: httpx.Response, url: str, rounds: Rounds) -> AsyncIterator[bytes]:
+    def stream(self, send: Send, first: httpx.Response, url: str, rounds: Any) -> AsyncIterator[bytes]:
         """A streamed answer, likewise; the hidden rounds' usage is summed into the one the client sees."""
         ...
 

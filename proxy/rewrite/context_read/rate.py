@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.lru import LRU
-from proxy.wire.conversation import Conversation
-from proxy.store import Store
 from proxy.accounting.usage import Usage
+from proxy.lru import LRU
+from proxy.store import Store
 from proxy.store.keys import tenant_key
+from proxy.wire.conversation import Conversation
 
 if TYPE_CHECKING:
-    from proxy.wire.chat.rounds import Rounds
+    from proxy.wire.codec import ReadRounds as Rounds
 
 _SEEN = 50_000  # (tenant, handle) pairs known to be counted as given already, in process
 

@@ -16,7 +16,7 @@ import httpx
 import orjson
 
 from proxy.accounting.usage import Usage, usage_of_body
-from proxy.wire.chat import rounds as read_rounds
+from proxy.wire.chat import rounds as chat_rounds
 from proxy.wire.chat.round_usage import summed_body, summed_stream
 from proxy.wire.chat.validate import check_messages, parse_body
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
@@ -188,19 +188,19 @@ class ChatCompletions:
         conv.changed = True
         return True
 
-    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> read_rounds.Rounds | None:
+    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> chat_rounds.Rounds | None:
         if conv.body.get("n") not in (None, 1):  # several choices: no single answer to continue from
             return None
-        return read_rounds.Rounds(conv, tool, archive)
+        return chat_rounds.Rounds(conv, tool, archive)
 
     async def complete(self, send: Send, first: httpx.Response, url: str,
-                       rounds: read_rounds.Rounds) -> tuple[httpx.Response, bytes]:
-        resp, content = await read_rounds.complete(send, first, url, rounds)
+                       rounds: chat_rounds.Rounds) -> tuple[httpx.Response, bytes]:
+        resp, content = await chat_rounds.complete(send, first, url, rounds)
         return resp, summed_body(content, rounds) if resp.status_code == 200 else content
 
     def stream(self, send: Send, first: httpx.Response, url: str,
-               rounds: read_rounds.Rounds) -> AsyncIterator[bytes]:
-        return summed_stream(read_rounds.stream(send, first, url, rounds), rounds)
+               rounds: chat_rounds.Rounds) -> AsyncIterator[bytes]:
+        return summed_stream(chat_rounds.stream(send, first, url, rounds), rounds)
 
     def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
                      hide_usage: bool) -> AsyncIterator[bytes]:

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.wire.sse import event_data, is_usage_chunk
 from proxy.accounting.usage import Usage, summed
+from proxy.wire.sse import event_data, is_usage_chunk
 
 if TYPE_CHECKING:
-    from proxy.wire.chat.rounds import Rounds
+    from proxy.wire.codec import ReadRounds as Rounds
 
 
 def _with_hidden(rounds: Rounds, final: dict[str, Any]) -> dict[str, Any]:

@@ -24,14 +24,14 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.wire.chat import reply as shape
-from proxy.store.archive import Archive
-from proxy.wire.conversation import Conversation, ReadTool
-from proxy.rewrite.context_read.tool import answer
-from proxy.wire.chat.reply import IllFormed, hidden_failure
-from proxy.wire.sse import DONE, event_data, event_payload, is_usage_chunk, split_events
 from proxy.accounting.usage import Usage, parse_usage, usage_of_body
+from proxy.rewrite.context_read.tool import answer
+from proxy.store.archive import Archive
 from proxy.upstream.client import iter_raw, read_body
+from proxy.wire.chat import reply as shape
+from proxy.wire.chat.reply import IllFormed, hidden_failure
+from proxy.wire.conversation import Conversation, ReadTool
+from proxy.wire.sse import DONE, event_data, event_payload, is_usage_chunk, split_events
 
 Send = Callable[[bytes], Awaitable[httpx.Response]]
 
@@ -107,7 +107,8 @@ async def complete(send: Send, first: httpx.Response, url: str, rounds: Rounds) 
             reply = shape.completion(content)
         except IllFormed as bad:
             if hidden:
-                raise hidden_failure(resp.status_code, content, resp.headers.get("content-type", ""), str(bad))
+                raise hidden_failure(resp.status_code, content, resp.headers.get("content-type", ""),
+                                     str(bad)) from None
             return resp, content
         ours = [c for c in reply.calls if rounds.is_ours(c)]
         if not ours:

@@ -19,7 +19,7 @@ import orjson
 
 from proxy.accounting.usage import Usage, usage_of_body
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
-from proxy.wire.responses import rounds as read_rounds
+from proxy.wire.responses import rounds as responses_rounds
 from proxy.wire.responses.validate import check_items, parse_body
 
 if TYPE_CHECKING:
@@ -221,20 +221,20 @@ class Responses:
     def ask_for_usage(self, conv: Conversation) -> bool:
         return False  # a Responses stream always ends with response.completed, usage included
 
-    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> read_rounds.Rounds | None:
-        return read_rounds.Rounds(conv, tool, archive)
+    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> responses_rounds.Rounds | None:
+        return responses_rounds.Rounds(conv, tool, archive)
 
     async def complete(self, send: Send, first: httpx.Response, url: str,
-                       rounds: read_rounds.Rounds) -> tuple[httpx.Response, bytes]:
-        return await read_rounds.complete(send, first, url, rounds)
+                       rounds: responses_rounds.Rounds) -> tuple[httpx.Response, bytes]:
+        return await responses_rounds.complete(send, first, url, rounds)
 
     def stream(self, send: Send, first: httpx.Response, url: str,
-               rounds: read_rounds.Rounds) -> AsyncIterator[bytes]:
-        return read_rounds.stream(send, first, url, rounds)
+               rounds: responses_rounds.Rounds) -> AsyncIterator[bytes]:
+        return responses_rounds.stream(send, first, url, rounds)
 
     def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
                      hide_usage: bool) -> AsyncIterator[bytes]:
-        return read_rounds.watch(chunks, on_usage)
+        return responses_rounds.watch(chunks, on_usage)
 
     def usage_of_reply(self, content: bytes) -> Usage | None:
         try:

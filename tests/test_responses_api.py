@@ -1,0 +1,243 @@
+"""The Responses API through the same pipeline: what Codex and the Agents SDK send is managed like chat."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import openai
+import orjson
+import pytest
+from proxy_server import ProxyServer, make_settings
+
+KEY = "sk-responses"
+HANDLE = re.compile(r'context_read\(handle="(ctx_[0-9a-f]+)"')
+TOOLS = [{"type": "function", "name": "shell", "description": "run a command", "strict": False,
+          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+REASONING = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Look at the log."}],
+             "encrypted_content": "gAAAAABopaque" + "x" * 400}
+
+
+def big_log(lines: int = 3000) -> str:
+    return "\n".join(f"2026-11-29T12:{i % 60:02d}:00 worker[{i}] processed item {i * 7919 % 100003} ok"
+                     for i in range(lines))
+
+
+def codex_input(output: str) -> list[dict]:
+    """Items as Codex sends them: developer and user messages, reasoning, a call and its output."""
+    return [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be careful."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Find the bad item."}]},
+            REASONING,
+            {"type": "function_call", "name": "shell", "arguments": '{"command":"cat app.log"}', "call_id": "call_1"},
+            {"type": "function_call_output", "call_id": "call_1", "output": output},
+            {"type": "item_reference", "id": "msg_earlier"},
+            {"type": "some_future_item", "payload": {"keep": [1, 2.50, "é"]}}]
+
+
+def settings(upstream, tmp_path, **defaults):
+    return make_settings(upstream.base_url, f"sqlite:///{tmp_path}/r.db",
+                         defaults={"offload": {"tool_result_tokens": 2000}, **defaults})
+
+
+@pytest.fixture
+def proxy(upstream, tmp_path):
+    with ProxyServer(settings(upstream, tmp_path)) as p:
+        yield p
+
+
+def client(proxy: ProxyServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def sent(upstream) -> dict:
+    return json.loads(upstream.requests[-1].body)
+
+
+def sessions(proxy: ProxyServer, want: int = 1) -> list[dict]:
+    """The tenant's sessions once the background accounting has written `want` requests (or 5 s passed)."""
+    import time
+    deadline = time.monotonic() + 5
+    while True:
+        rows = httpx.get(proxy.url + "/ctx/v1/sessions", headers={"authorization": f"Bearer {KEY}"}).json()["sessions"]
+        if sum(r.get("requests", 0) for r in rows) >= want or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
+def post(proxy: ProxyServer, body: dict) -> httpx.Response:
+    return httpx.post(proxy.url + "/v1/responses", content=orjson.dumps(body), timeout=30,
+                      headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"})
+
+
+def test_a_small_request_goes_upstream_byte_for_byte(proxy, upstream):
+    raw = orjson.dumps({"model": "gpt-5", "input": "Say hi.", "instructions": "Be brief.", "store": False})
+    r = httpx.post(proxy.url + "/v1/responses", content=raw, headers={"authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200, r.text
+    assert upstream.requests[-1].path == "/v1/responses" and upstream.requests[-1].body == raw
+    assert r.headers["x-ctxproxy-session"].startswith("s-") and r.headers["x-ctxproxy-route"] == "default"
+
+
+def test_the_sdk_gets_its_answer_and_the_proxy_its_session(proxy, upstream):
+    resp = client(proxy).responses.create(model="gpt-5", input="Say hi.")
+    assert resp.output_text
+    assert sessions(proxy)
+
+
+def test_a_big_function_call_output_is_offloaded_and_the_rest_untouched(proxy, upstream):
+    text = big_log()
+    items = codex_input(text)
+    r = post(proxy, {"model": "gpt-5", "input": items, "tools": TOOLS, "store": False})
+    assert r.status_code == 200, r.text
+    assert r.headers.get("x-ctxproxy-offloaded-new") == "1"
+    up = sent(upstream)
+    out = up["input"][4]
+    assert out["type"] == "function_call_output" and out["call_id"] == "call_1"
+    assert HANDLE.search(out["output"]) and len(out["output"]) < len(text) // 10
+    for i in (0, 1, 2, 3, 5, 6):  # every item the pipeline did not rewrite: same value, same place
+        assert up["input"][i] == items[i], i
+    raw_up = upstream.requests[-1].body
+    assert orjson.dumps(REASONING) in raw_up  # the encrypted reasoning, byte for byte
+    assert b'{"keep":[1,2.50,"\xc3\xa9"]}' in raw_up or b'"keep":[1,2.5,' in raw_up
+    assert up["tools"][:1] == TOOLS and up["tools"][-1]["name"] == "context_read"  # the read tool, last
+    status = up["input"][-1]
+    assert status["role"] == "user" and "<agent_status>" in status["content"][0]["text"]
+
+
+def test_the_same_request_is_rewritten_into_the_same_bytes(upstream, tmp_path):
+    body = {"model": "gpt-5", "input": codex_input(big_log()), "tools": TOOLS, "store": False}
+    bodies = []
+    for run in range(2):  # a restart in between: a new process state, the same store
+        with ProxyServer(settings(upstream, tmp_path)) as p:
+            assert post(p, body).status_code == 200
+            bodies.append(re.sub(rb"time: [0-9T:-]+Z", b"", re.sub(rb"elapsed: [^\\]+", b"",
+                                                                   upstream.requests[-1].body)))
+    assert bodies[0] == bodies[1]
+
+
+def test_the_read_tool_is_answered_in_a_hidden_round(proxy, upstream):
+    text = big_log()
+    first = post(proxy, {"model": "gpt-5", "input": codex_input(text), "tools": TOOLS, "store": False})
+    handle = HANDLE.search(sent(upstream)["input"][4]["output"]).group(1)
+    upstream.script({"tool_calls": [{"name": "context_read", "arguments": {"handle": handle, "pattern": "item 7919"}}]},
+                    "The bad item is 7919.")
+    assert first.status_code == 200
+    r = post(proxy, {"model": "gpt-5", "input": codex_input(text), "tools": TOOLS, "store": False})
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert r.headers["x-ctxproxy-read-rounds"] == "1"
+    assert not [o for o in data["output"] if o.get("type") == "function_call"]
+    assert "7919" in json.dumps(data["output"])
+    hidden = sent(upstream)["input"]
+    answer = hidden[-1]
+    assert answer["type"] == "function_call_output" and "item 7919" in answer["output"]
+    both = [rq.usage for rq in upstream.requests[-2:]]
+    assert data["usage"]["input_tokens"] == sum(u["input_tokens"] for u in both)
+
+
+def test_a_streamed_hidden_round_keeps_the_event_stream_valid(proxy, upstream):
+    text = big_log()
+    post(proxy, {"model": "gpt-5", "input": codex_input(text), "tools": TOOLS, "store": False})
+    handle = HANDLE.search(sent(upstream)["input"][4]["output"]).group(1)
+    upstream.script({"tool_calls": [{"name": "context_read", "arguments": {"handle": handle}}]}, "Done reading.")
+    events = list(client(proxy).responses.create(model="gpt-5", input=codex_input(text), tools=TOOLS,
+                                                 store=False, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds.count("response.created") == 1 and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    assert final.output_text == "Done reading." and not [o for o in final.output if o.type == "function_call"]
+    indexes = [e.output_index for e in events if e.type == "response.output_item.added"]
+    assert indexes == list(range(len(indexes)))
+    both = [rq.usage for rq in upstream.requests[-2:]]
+    assert final.usage.input_tokens == sum(u["input_tokens"] for u in both)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": "gpt-5", "input": 42}, "input"),
+    ({"model": "gpt-5", "input": [{"content": "no type, no role"}]}, "input[0].type"),
+    ({"model": "gpt-5", "input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]},
+     "input[0].call_id"),
+    ({"model": "gpt-5", "input": [{"type": "message", "role": "wizard", "content": "x"}]}, "input[0].role"),
+])
+def test_bad_input_gets_an_openai_shaped_400_naming_the_field(proxy, upstream, body, param):
+    r = post(proxy, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and r.json()["error"]["type"] == "invalid_request_error"
+    assert not upstream.requests
+
+
+def test_an_unknown_item_type_is_not_an_error(proxy, upstream):
+    body = {"model": "gpt-5", "input": [{"type": "compaction", "encrypted_content": "opaque"},
+                                        {"role": "user", "content": "go on"}]}
+    assert post(proxy, body).status_code == 200
+    assert sent(upstream)["input"][0] == body["input"][0]
+
+
+def test_with_provider_held_history_compression_says_it_cannot_apply(proxy, upstream):
+    first = client(proxy).responses.create(model="gpt-5", input="Remember 42.", store=True)
+    r = post(proxy, {"model": "gpt-5", "previous_response_id": first.id, "input": "What number?", "store": True,
+                     "tools": TOOLS})
+    assert r.status_code == 200, r.text
+    assert "unavailable" in r.headers["x-ctxproxy-compress"]
+    assert sent(upstream)["previous_response_id"] == first.id
+
+
+def test_turns_naming_one_conversation_share_a_session(proxy, upstream):
+    ids = set()
+    for text in ("first", "second"):
+        r = post(proxy, {"model": "gpt-5", "input": text, "prompt_cache_key": "conv-123"})
+        ids.add(r.headers["x-ctxproxy-session"])
+    assert len(ids) == 1
+
+
+def test_other_responses_endpoints_pass_through(proxy, upstream):
+    r = httpx.post(proxy.url + "/v1/responses/input_tokens", json={"model": "gpt-5", "input": "hi"},
+                   headers={"authorization": f"Bearer {KEY}"})
+    assert upstream.requests[-1].path == "/v1/responses/input_tokens" and r.status_code == upstream.requests[-1].status
+
+
+def test_a_websocket_upgrade_is_refused_with_a_reason(proxy):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    with connect(proxy.url.replace("http://", "ws://") + "/v1/responses") as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=5)
+    assert "HTTP only" in closed.value.rcvd.reason and "supports_websockets" in closed.value.rcvd.reason
+
+
+def _read_call_for_placeholder(body: dict) -> dict:
+    """The model reads back what the proxy offloaded: a context_read call naming the handle it was shown."""
+    text = json.dumps(body["input"])
+    handle = HANDLE.search(text.replace('\\"', '"'))
+    assert handle, "the offloaded output should be in the input by now"
+    return {"tool_calls": [{"name": "context_read", "arguments": {"handle": handle.group(1), "pattern": "item 7919"}}]}
+
+
+def test_the_agents_sdk_runs_a_tool_loop_through_the_proxy(proxy, upstream):
+    import asyncio
+
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    ran: list[str] = []
+
+    @function_tool
+    def read_log() -> str:
+        """Read the application log."""
+        ran.append("read_log")
+        return big_log()
+
+    upstream.script({"tool_calls": [{"name": "read_log", "arguments": {}}]}, _read_call_for_placeholder,
+                    "The bad item is 7919.")
+    model = OpenAIResponsesModel(model="gpt-5", openai_client=openai.AsyncOpenAI(base_url=proxy.url + "/v1",
+                                                                                   api_key=KEY, max_retries=0))
+    agent = Agent(name="debugger", instructions="Find the bad item.", tools=[read_log], model=model)
+    result = asyncio.run(Runner.run(agent, "Which item is bad?"))
+    assert result.final_output == "The bad item is 7919." and ran == ["read_log"]
+    responses_calls = [r for r in upstream.requests if r.path == "/v1/responses"]
+    assert len(responses_calls) == 3  # the SDK made two requests; the proxy answered context_read in between
+    assert HANDLE.search(json.dumps(responses_calls[1].json["input"]).replace('\\"', '"'))  # offloaded
+    rows = sessions(proxy, want=2)
+    assert len(rows) == 1 and rows[0]["requests"] == 2
