@@ -96,7 +96,8 @@ def first_line(text: str) -> str:
 
 
 def kind(body: Any) -> str | None:
-    """Which proxy-own call this request is ('summary', 'facts', 'notes-inplace', 'notes-full'), None for the agent's."""
+    """Which proxy-own call this request is ('summary', 'facts', 'notes-inplace', 'notes-full'),
+    None for the agent's."""
     if not isinstance(body, dict):
         return None
     msgs = body.get("messages") or []
@@ -238,7 +239,8 @@ def _state_lines(notes: str) -> list[str]:
 
 def keeper_inplace(body: dict[str, Any]) -> str:
     msgs = body["messages"]
-    at = max(i for i, m in enumerate(msgs) if m.get("role") == "user" and _text(m.get("content")).startswith(KEEPER_INPLACE))
+    at = max(i for i, m in enumerate(msgs)
+             if m.get("role") == "user" and _text(m.get("content")).startswith(KEEPER_INPLACE))
     start, archived, notes = 0, 0, ""
     for i, m in enumerate(msgs[:at]):
         t = _text(m.get("content"))

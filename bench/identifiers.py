@@ -57,7 +57,8 @@ def _is_path(p: str) -> bool:
         return False
     if p.startswith(("/", "./", "../", "~/")):
         # absolute: one segment is enough if it has an extension or it is a deeper path
-        return len(segs) >= 2 or bool(_FILE_EXT.search(segs[-1]) and re.search(r"[A-Za-z]", segs[-1].rsplit(".", 1)[-1]))
+        return len(segs) >= 2 or bool(_FILE_EXT.search(segs[-1])
+                                      and re.search(r"[A-Za-z]", segs[-1].rsplit(".", 1)[-1]))
     if p.count("/") >= 2:
         return True
     last = segs[-1]

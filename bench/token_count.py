@@ -38,8 +38,8 @@ from typing import Any
 import orjson
 
 from bench.paths import TRACES_ENV, default_traces_dir, traces_dir
-from proxy.tokens.encodings import get_encoding
 from proxy.tokens.counter import TokenCounter, message_digest
+from proxy.tokens.encodings import get_encoding
 
 BASE_TRACE = "14_mini-swe-agent_gemini3pro_sympy__sympy-13091.json"  # 260 messages, one system prompt
 N_MESSAGES = 200
@@ -134,17 +134,17 @@ def run(runs: int = 50, target_tokens: int = TARGET_TOKENS, corpus: str | None =
                          "messages": orjson.loads(raw_199) + [orjson.loads(orjson.dumps(new_last))]})
     steady: list[float] = []
     for body in requests:
-        ms, _ = _timed(lambda: counter.count_request(body))
+        ms, _ = _timed(lambda body=body: counter.count_request(body))
         steady.append(ms)
 
     seen: list[float] = []
     digest: list[float] = []
     for _ in range(runs):
         msgs = orjson.loads(raw_200)
-        ms, _ = _timed(lambda: counter.count_messages(msgs, MODEL))
+        ms, _ = _timed(lambda msgs=msgs: counter.count_messages(msgs, MODEL))
         seen.append(ms)
         msgs = orjson.loads(raw_200)
-        ms, _ = _timed(lambda: [message_digest(m) for m in msgs])
+        ms, _ = _timed(lambda msgs=msgs: [message_digest(m) for m in msgs])
         digest.append(ms)
 
     return {

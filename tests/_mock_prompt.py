@@ -16,7 +16,7 @@ The rules:
   definitions before the messages, so changing them breaks the cached prefix),
   then one chunk per message::
 
-      <|{role}|>[ name={name}]\\n{content}[\\n<tool_call id={id}>{name}({arguments})]...[\\n<tool_call_id={id}>]<|end|>\\n
+    <|{role}|>[ name={name}]\\n{content}[\\n<tool_call id={id}>{name}({arguments})]...[\\n<tool_call_id={id}>]<|end|>\\n
 
   where content is a string as is, or a list's parts joined by ``\\n`` (a
   part's ``text``; ``[image]`` for an image part; any other part as JSON with

@@ -15,9 +15,8 @@ exact SSE framing of chat and Responses streams. Everything else is minimal.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
-import zlib
 import collections
+import fnmatch
 import hashlib
 import json
 import re
@@ -25,9 +24,10 @@ import socket
 import threading
 import time
 import traceback
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import uvicorn
 from starlette.requests import Request
@@ -52,7 +52,7 @@ PrefixCache = mp.PrefixCache
 
 DEFAULT_WINDOW = 128_000
 DEFAULT_WINDOWS: dict[str, int] = {"gpt-4o": 128_000, "gpt-4o-mini": 128_000}
-ScriptEntry = Union[str, dict[str, Any], Callable[[dict[str, Any]], Union[str, dict[str, Any]]]]
+ScriptEntry = str | dict[str, Any] | Callable[[dict[str, Any]], str | dict[str, Any]]
 
 
 # --------------------------------------------------------------------------- server

@@ -10,14 +10,14 @@ from typing import Any
 
 import httpx
 import pytest
-
-from proxy.wire.chat.codec import CHAT
-from proxy.rewrite.compress.history import pairing_is_valid
-from proxy.rewrite.compress import transform as compress
-from proxy.http.routing import tenant_id
-from proxy.store import open_store
-from proxy.rewrite.compress.summarizer import COMPACTION_OPEN, SYSTEM_PROMPT
 from proxy_server import ProxyServer, make_settings
+
+from proxy.http.routing import tenant_id
+from proxy.rewrite.compress import transform as compress
+from proxy.rewrite.compress.history import pairing_is_valid
+from proxy.rewrite.compress.summarizer import COMPACTION_OPEN, SYSTEM_PROMPT
+from proxy.store import open_store
+from proxy.wire.chat.codec import CHAT
 
 SALT = "ctxproxy-tenant-v1"
 WINDOW = 6000
@@ -117,7 +117,8 @@ def test_prefix_is_byte_identical_between_compactions(proxy, upstream):
     kept = None
     for i in same:
         msgs = reqs[i].json["messages"]
-        summary_at = next(j for j, m in enumerate(msgs) if "compacted" in str(m.get("content")) or "cleared" in str(m.get("content")))
+        summary_at = next(j for j, m in enumerate(msgs)
+                          if "compacted" in str(m.get("content")) or "cleared" in str(m.get("content")))
         prefix = json.dumps(msgs[:summary_at + 1])
         kept = kept or prefix
         assert prefix == kept
@@ -386,7 +387,8 @@ def test_cached_shape_carries_the_agents_cache_key(upstream, tmp_path):
                                    models={MODEL: {"context_window": BIG}},
                                    defaults={"offload": {"enabled": False},
                                              "cache": {"prompt_cache_key": "session"},
-                                             "compress": {"keep_recent_tokens": 1500, "summary_max_tokens": 500}})) as p:
+                                             "compress": {"keep_recent_tokens": 1500,
+                                                          "summary_max_tokens": 500}})) as p:
         replay(p, upstream, 60)
     reqs = upstream.requests
     calls = [i for i, r in enumerate(reqs) if is_cached_shape(r.json)]

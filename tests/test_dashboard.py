@@ -22,7 +22,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from agent_runs import TOOLS, conversation
 from proxy_server import ProxyServer, make_settings
 
@@ -153,7 +152,8 @@ def big_tool_result() -> list[dict]:
     return [{"role": "system", "content": "You are a coding agent."},
             {"role": "user", "content": "Find the failing item in the log."},
             {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "cat app.log"}'}}]},
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "bash", "arguments": '{"cmd": "cat app.log"}'}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": log}]
 
 
@@ -274,7 +274,8 @@ def test_dashboard_is_one_self_contained_page(upstream, tmp_path):
         r = httpx.get(p.url + "/ctx/ui")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     page = r.text
-    assert page == (Path(__file__).resolve().parents[1] / "proxy" / "http" / "dashboard.html").read_text(encoding="utf-8")
+    dashboard = Path(__file__).resolve().parents[1] / "proxy" / "http" / "dashboard.html"
+    assert page == dashboard.read_text(encoding="utf-8")
     assert not re.search(r"""(src|href)\s*=|@import|url\(|<link\b""", page, re.I)
     assert re.findall(r"https?://[^\s\"')]+", page) == ["http://www.w3.org/2000/svg"]  # a namespace, not a fetch
     for element_id in ("hit-rate", "efficiency", "requests", "saved-tokens", "effective-cost", "breaks", "chart",
@@ -326,7 +327,8 @@ def test_dashboard_shows_the_crafted_figures_and_what_went_upstream(chromium, up
         assert f">{offl}<" in row and f">{num(want.saved)}<" in row
     # the inspector: every message the proxy wrote, in place, with the text that was sent
     shown = _inspector_rows(dom)
-    written = {i: m for i, m in enumerate(sent["messages"]) if str(m["content"]).startswith(("[ctxproxy:", "<agent_status>"))}
+    written = {i: m for i, m in enumerate(sent["messages"])
+               if str(m["content"]).startswith(("[ctxproxy:", "<agent_status>"))}
     assert shown.keys() == written.keys()
     # status_bar.mode replace (the default): only the current status is sent
     assert sorted(k for k, _ in shown.values()) == ["cleared"] * 4 + ["offload"] * 3 + ["status"]

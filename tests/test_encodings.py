@@ -168,7 +168,8 @@ def test_corrupt_shipped_file_raises_tokenizer_unavailable(tmp_path, monkeypatch
 def test_tiktoken_never_downloads_even_if_its_cache_misses(tmp_path, monkeypatch, cold_encodings):
     # Simulate tiktoken and us disagreeing on the cache file name.
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(encodings, "_cache_file_name", lambda url: "elsewhere-" + hashlib.sha1(url.encode()).hexdigest())
+    monkeypatch.setattr(encodings, "_cache_file_name",
+                        lambda url: "elsewhere-" + hashlib.sha1(url.encode()).hexdigest())
     original_read_file = tiktoken.load.read_file
 
     with pytest.raises(TokenizerUnavailable, match="tried to download"):

@@ -29,13 +29,13 @@ import httpx
 import openai
 import orjson
 import pytest
+from proxy_server import ProxyServer, make_settings
+from silent_server import SilentServer
 
 import proxy.store.guarded as guarded
 from proxy.accounting.accountant import timeline_key
 from proxy.http.routing import tenant_id
 from proxy.store import open_store
-from proxy_server import ProxyServer, make_settings
-from silent_server import SilentServer
 
 KEY = "sk-faults"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -109,7 +109,7 @@ class RawUpstream:
         while not self._stop.is_set() and time.monotonic() < deadline:
             try:
                 conn, _ = self._sock.accept()
-            except (socket.timeout, BlockingIOError):
+            except (TimeoutError, BlockingIOError):
                 continue
             except OSError:
                 return
@@ -450,7 +450,8 @@ def test_store_outage_forwards_unmodified_fast_and_recovers(upstream, tmp_path, 
             n = iter(range(1000))
 
             def ask() -> tuple[httpx.Response, bytes, float]:
-                raw = orjson.dumps({"model": "m", "messages": big_tool_history(f"run{next(n)}")})  # new text: needs the store
+                # new text: needs the store
+                raw = orjson.dumps({"model": "m", "messages": big_tool_history(f"run{next(n)}")})
                 t0 = time.monotonic()
                 r = c.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
                 return r, raw, time.monotonic() - t0
@@ -513,7 +514,7 @@ def test_store_that_accepts_connections_but_never_answers_costs_milliseconds(ups
             bodies = [{"model": "m", "messages": big_tool_history(f"burst{i}")} for i in range(8)]
             with ThreadPoolExecutor(len(bodies)) as pool:
                 burst = list(pool.map(ask, bodies))
-            for r, raw, took in burst:
+            for r, _raw, took in burst:
                 assert r.status_code == 200 and r.headers.get("x-ctxproxy-degraded") == "store-unavailable"
                 assert "x-ctxproxy-offloaded" not in r.headers
                 assert took < 1.5, f"concurrent request took {took:.2f}s on a silent store"
@@ -566,7 +567,8 @@ def test_sigterm_lets_an_in_flight_stream_finish(tmp_path, upstream):
                     proc.send_signal(signal.SIGTERM)
                     signalled_at = time.monotonic()
         assert signalled_at is not None
-        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if isinstance(e, dict) and e["choices"])
+        text = "".join(e["choices"][0]["delta"].get("content") or ""
+                       for e in events if isinstance(e, dict) and e["choices"])
         assert text.split() == words.split() and events[-1] == "[DONE]"
         assert not any(isinstance(e, dict) and "error" in e for e in events)
         code = proc.wait(timeout=30)  # the CLI's graceful-shutdown timeout

@@ -1,4 +1,5 @@
-"""Exact figures: every report (headers, timeline, stats, sessions, /metrics) says the same, by the README's definitions.
+"""Exact figures: every report (headers, timeline, stats, sessions, /metrics) says the same, by the README's
+definitions.
 
 The crafted session (tests/crafted.py) has known numbers: 3 offloads, 1
 compaction, and per request a saving computed here from the client's body and
@@ -11,14 +12,14 @@ import json
 import re
 import uuid
 
+import crafted
 import httpx
 import openai
 import pytest
+from proxy_server import ProxyServer, make_settings
 
-import crafted
 import proxy.accounting.accountant as accounting
 from proxy.wire.chat.codec import CHAT
-from proxy_server import ProxyServer, make_settings
 
 HANDLE = re.compile(r'handle="(ctx_[0-9a-f]{20})"')
 PLACEHOLDER = re.compile(r"^\[ctxproxy: (tool result of \w+ stored whole|cleared tool result)")
@@ -116,9 +117,10 @@ def test_hidden_read_rounds_are_billed_to_the_turn(proxy, upstream, stream):
     key, session = f"sk-{uuid.uuid4().hex[:8]}", f"reads-{uuid.uuid4().hex[:8]}"
     upstream.windows[crafted.MODEL] = crafted.WINDOW
     msgs = crafted.requests()[0]
-    upstream.script(lambda body: {"tool_calls": [{"name": "context_read", "arguments": {"handle": _find_handle(body)}}]},
-                    lambda body: {"tool_calls": [{"name": "context_read", "arguments": {"handle": _find_handle(body),
-                                                                                        "offset": 5}}]},
+    upstream.script(lambda body: {"tool_calls": [{"name": "context_read",
+                                                  "arguments": {"handle": _find_handle(body)}}]},
+                    lambda body: {"tool_calls": [{"name": "context_read",
+                                                  "arguments": {"handle": _find_handle(body), "offset": 5}}]},
                     "worker 17 failed")
     client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0,
                            default_headers={"x-session-id": session})
@@ -190,7 +192,8 @@ def test_a_request_is_visible_as_soon_as_its_response_completes(proxy, upstream,
     client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
     for i, stream in enumerate((False, True), 1):
         session = f"ryw-{uuid.uuid4().hex[:8]}"
-        kw = dict(model="gpt-4o", messages=[{"role": "user", "content": f"hi {i}"}], extra_headers={"x-session-id": session})
+        kw = dict(model="gpt-4o", messages=[{"role": "user", "content": f"hi {i}"}],
+                  extra_headers={"x-session-id": session})
         if stream:
             assert list(client.chat.completions.create(stream=True, **kw))
         else:
@@ -221,7 +224,7 @@ def test_alignment_accounts_for_every_message_once():
         return {"role": "tool", "tool_call_id": "x", "content": text}
 
     rng = random.Random(7)
-    for trial in range(300):
+    for _trial in range(300):
         n = rng.randint(0, 30)
         client = [bytes([rng.randint(0, 5)]) for _ in range(n)]  # many equal messages on purpose
         sent, messages = [], []

@@ -22,16 +22,15 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from mock_upstream import MockUpstream
 from proxy_server import ProxyServer, make_settings
 
 AUTH = {"authorization": "Bearer sk-fuzz"}
 VALID_ROLES = ["system", "developer", "user", "assistant", "tool", "function"]
 # derandomize: the same examples on every run, so CI is reproducible (a failure reruns as it was).
-FUZZ = settings(deadline=None, max_examples=100, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                          HealthCheck.too_slow,
-                                                                          HealthCheck.data_too_large])
+FUZZ = settings(deadline=None, max_examples=100, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                       HealthCheck.data_too_large])
 
 
 # --------------------------------------------------------------------------- known bugs
@@ -168,8 +167,8 @@ class Fuzzed:
 
     def still_serving(self) -> None:
         assert self.client.get("/healthz").status_code == 200
-        r = self.client.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-                             headers=AUTH)
+        r = self.client.post("/v1/chat/completions",
+                             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, headers=AUTH)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
 
 

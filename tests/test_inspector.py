@@ -11,10 +11,9 @@ import sys
 import uuid
 from pathlib import Path
 
+import crafted
 import httpx
 import pytest
-
-import crafted
 from proxy_server import ProxyServer, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +54,8 @@ def check_against_upstream(data: dict, client: list[dict], sent: dict) -> None:
         else:
             assert row["message"] == m and row["digest"] == digest(m)
             for r in row["replaces"]:
-                assert r["tokens"] == crafted.message_tokens(client[r["index"]]) and r["digest"] == digest(client[r["index"]])
+                replaced = client[r["index"]]
+                assert r["tokens"] == crafted.message_tokens(replaced) and r["digest"] == digest(replaced)
     assert data["tools"]["sent"] == [t["function"]["name"] for t in sent["tools"]]
     assert data["tools"]["sent_tokens"] == crafted.tool_tokens(sent["tools"])
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.lines import Lines
 from proxy.rewrite.context_read.tool import compile_pattern
@@ -82,7 +83,8 @@ def test_a_pattern_that_is_no_regex_is_searched_as_a_literal_and_nothing_raises(
     from proxy.rewrite.context_read.tool import respond
 
     text = "a foo( b\n[x\nfoo"
-    assert respond(text, {"pattern": "foo("}, 1000, "h") == "[h: 1 lines match 'foo('; showing 1 from match 0]\n0: a foo( b"
+    assert respond(text, {"pattern": "foo("}, 1000, "h") == ("[h: 1 lines match 'foo('; showing 1 from match 0]\n"
+                                                           "0: a foo( b")
     assert respond(text, {"pattern": "[x"}, 1000, "h").endswith("\n1: [x")
     for pattern in ("\ud800(", "(?P<n>a)(?P=n)", "a{2,1}", "x" * 600, "(?<=a)b", "\\Z"):
         assert isinstance(respond(text, {"pattern": pattern}, 1000, "h"), str)

@@ -9,13 +9,13 @@ import uuid
 import httpx
 import openai
 import pytest
-
 from proxy_server import ProxyServer, make_settings
 
 KEY = "sk-tenant-a"
 HANDLE = re.compile(r'context_read\(handle="(ctx_[0-9a-f]+)"')
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a shell command",
-                                           "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+                                           "parameters": {"type": "object",
+                                                          "properties": {"cmd": {"type": "string"}}}}}]
 
 
 def big_log(lines: int = 3000) -> str:
@@ -27,7 +27,8 @@ def history(tool_text: str) -> list[dict]:
     return [{"role": "system", "content": "You are a coding agent."},
             {"role": "user", "content": "Find the failing item in the log."},
             {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "cat app.log"}'}}]},
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "bash", "arguments": '{"cmd": "cat app.log"}'}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": tool_text}]
 
 
@@ -117,7 +118,8 @@ def test_model_reads_back_and_client_sees_only_the_final_answer(proxy, upstream)
     client(proxy).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history(text))
     handle = HANDLE.search(sent_messages(upstream)[3]["content"]).group(1)
     upstream.reset()
-    upstream.script({"tool_calls": [{"name": "context_read", "arguments": {"handle": handle, "offset": 100, "limit": 3}}]},
+    upstream.script({"tool_calls": [{"name": "context_read",
+                                     "arguments": {"handle": handle, "offset": 100, "limit": 3}}]},
                     "item 700 failed")
     out = client(proxy).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history(text))
     assert out.choices[0].message.content == "item 700 failed" and not out.choices[0].message.tool_calls
@@ -131,9 +133,11 @@ def test_streamed_read_back_is_hidden_too(proxy, upstream):
     text = big_log()
     client(proxy).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history(text))
     handle = HANDLE.search(sent_messages(upstream)[3]["content"]).group(1)
-    upstream.script({"tool_calls": [{"name": "context_read", "arguments": {"handle": handle, "pattern": "worker\\[42\\]"}}]},
+    upstream.script({"tool_calls": [{"name": "context_read",
+                                     "arguments": {"handle": handle, "pattern": "worker\\[42\\]"}}]},
                     "found worker 42")
-    chunks = list(client(proxy).chat.completions.create(model="gpt-4o", tools=TOOLS, stream=True, messages=history(text)))
+    chunks = list(client(proxy).chat.completions.create(model="gpt-4o", tools=TOOLS, stream=True,
+                                                        messages=history(text)))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "found worker 42"
     assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
     assert chunks[-1].choices[0].finish_reason == "stop"
@@ -215,14 +219,15 @@ def test_two_proxies_sharing_redis_rewrite_identically(upstream):
 
 def test_store_down_forwards_unmodified_and_says_so(upstream):
     with ProxyServer(offload_settings(upstream, "redis://127.0.0.1:1/0")) as p:
-        raw = client(p).chat.completions.with_raw_response.create(model="gpt-4o", tools=TOOLS, messages=history(big_log()))
+        raw = client(p).chat.completions.with_raw_response.create(model="gpt-4o", tools=TOOLS,
+                                                                  messages=history(big_log()))
     assert raw.headers["x-ctxproxy-degraded"] == "store-unavailable"
     assert json.loads(upstream.requests[-1].body)["messages"] == history(big_log())
 
 
 def test_a_replayed_offload_never_tokenizes_the_original(upstream, tmp_path, monkeypatch):
-    from proxy.tokens.encodings import get_encoding
     from proxy.tokens.counter import default_counter
+    from proxy.tokens.encodings import get_encoding
 
     store, text = f"sqlite:///{tmp_path}/c.db", big_log()
     with ProxyServer(offload_settings(upstream, store)) as p:  # decides, and records the decision
@@ -260,4 +265,5 @@ def test_an_error_in_the_middle_of_a_long_log_shows_in_its_preview(proxy, upstre
 def test_error_pattern_must_be_re2(upstream, tmp_path):
     from proxy.config import ConfigError
     with pytest.raises(ConfigError, match="error_pattern"):
-        make_settings(upstream.base_url, f"sqlite:///{tmp_path}/x.db", defaults={"offload": {"error_pattern": r"(a)\1"}})
+        make_settings(upstream.base_url, f"sqlite:///{tmp_path}/x.db",
+                      defaults={"offload": {"error_pattern": r"(a)\1"}})

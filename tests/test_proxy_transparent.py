@@ -9,7 +9,6 @@ import time
 import httpx
 import openai
 import pytest
-
 from proxy_server import ProxyServer, make_settings
 
 KEY = "sk-test-client-key-123"
@@ -18,7 +17,8 @@ KEY = "sk-test-client-key-123"
 @pytest.fixture
 def proxy(upstream, tmp_path):
     # Offload off: no transform applies, so the proxy must be invisible.
-    settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db", defaults={"offload": {"enabled": False}, "context_read": {"enabled": False},
+    settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
+                             defaults={"offload": {"enabled": False}, "context_read": {"enabled": False},
                                        "status_bar": {"enabled": False}})
     with ProxyServer(settings) as p:
         yield p

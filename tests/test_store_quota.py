@@ -10,11 +10,11 @@ import uuid
 import httpx
 import orjson
 import pytest
+from proxy_server import ProxyServer, make_settings
 
-from proxy.store.archive import Archive
 from proxy.http.routing import tenant_id
 from proxy.store import open_store
-from proxy_server import ProxyServer, make_settings
+from proxy.store.archive import Archive
 
 HANDLE = re.compile(r'context_read\(handle="(ctx_[0-9a-f]+)"')
 SALT = "ctxproxy-tenant-v1"
@@ -104,7 +104,8 @@ def test_tenant_over_its_quota_loses_its_oldest_stored_text_first(upstream, stor
 def test_zero_quota_means_unlimited(upstream, tmp_path):
     url = f"sqlite:///{tmp_path}/unlimited.db"
     key = f"sk-{uuid.uuid4()}"
-    settings = make_settings(upstream.base_url, url, store_quota_bytes=0, defaults={"offload": {"tool_result_tokens": 300}})
+    settings = make_settings(upstream.base_url, url, store_quota_bytes=0,
+                             defaults={"offload": {"tool_result_tokens": 300}})
     with ProxyServer(settings) as p:
         handles = [offload(p, upstream, key, f"u-{i}")[0] for i in range(6)]
         assert all(blob(p, key, h).status_code == 200 for h in handles)

@@ -7,12 +7,12 @@ import json
 import re
 
 import pytest
-
-from proxy.wire.chat.codec import CHAT
-from proxy.rewrite.compress.history import identifiers
-from proxy.rewrite.compress.summarizer import SECTIONS, summary_problem
 from proxy_server import ProxyServer, make_settings
 from test_compress import MODEL, SUMMARY, agent_run, chat_requests, is_summary_call, post, settings
+
+from proxy.rewrite.compress.history import identifiers
+from proxy.rewrite.compress.summarizer import SECTIONS, summary_problem
+from proxy.wire.chat.codec import CHAT
 
 HEADINGS = "\n".join(f"## {s}\nDetails about {s.lower()} in src/app/core.py." for s in SECTIONS)
 
@@ -130,9 +130,10 @@ def test_identifiers_take_bounded_time_on_any_text(text):
     """Compaction lists identifiers on the event loop: a long word run must not make that quadratic."""
     import subprocess
     import sys
-    code = ("import sys,time; from proxy.rewrite.compress.history import identifiers; from proxy.wire.chat.codec import CHAT; t=sys.stdin.read(); s=time.perf_counter(); "
-            "identifiers(CHAT, [{'role':'assistant','content':t},{'role':'tool','tool_call_id':'c','content':t}], 400); "
-            "print(time.perf_counter()-s)")
+    code = ("import sys,time; from proxy.rewrite.compress.history import identifiers; "
+            "from proxy.wire.chat.codec import CHAT; t=sys.stdin.read(); s=time.perf_counter(); "
+            "identifiers(CHAT, [{'role':'assistant','content':t},{'role':'tool','tool_call_id':'c','content':t}], "
+            "400); print(time.perf_counter()-s)")
     r = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert float(r.stdout) < 3.0

@@ -10,7 +10,6 @@ import pytest
 import tiktoken
 
 from proxy.tokens import counter as tokens
-from proxy.tokens.encodings import get_encoding
 from proxy.tokens.counter import (
     IMAGE_TOKENS_DEFAULT,
     IMAGE_TOKENS_LOW_DETAIL,
@@ -22,6 +21,7 @@ from proxy.tokens.counter import (
     TokenCounter,
     message_digest,
 )
+from proxy.tokens.encodings import get_encoding
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -212,7 +212,8 @@ def _conversation(k: int) -> list[dict]:
         if i % 2:
             msgs.append({"role": "assistant", "content": f"step {i}: looking at file_{i}.py",
                          "tool_calls": [{"id": f"call_{i}", "type": "function",
-                                         "function": {"name": "bash", "arguments": f'{{"command": "cat file_{i}.py"}}'}}]})
+                                         "function": {"name": "bash",
+                                                      "arguments": f'{{"command": "cat file_{i}.py"}}'}}]})
         else:
             msgs.append({"role": "tool", "tool_call_id": f"call_{i - 1}",
                          "content": f"def function_{i}():\n    return {i} * 2  # output number {i}\n"})

@@ -118,11 +118,13 @@ def report(res: dict[str, Any]) -> str:
         for k, v in p3["latency"].items():
             w(f"  {k:<10} n {v['n']:>6}  p50 {v['p50']:8.1f} ms  p99 {v['p99']:8.1f} ms")
         w("  CPU % of one core:" + "".join(f" {k} {cpu.get(k, float('nan')):.0f}" for k in CPU_KEYS))
+        growth = p3["rss_last_third_mb"] - p3["rss_first_third_mb"]
+        per_1000_sessions = growth / max(1, p3["sessions_recorded"] * 2 / 3) * 1000
         w(f"  proxy RSS over the recorded run ({p3['rss_samples']} samples, 1/s): min {p3['rss_min_mb']:.1f} MB, "
           f"max {p3['rss_max_mb']:.1f} MB; mean of first third {p3['rss_first_third_mb']:.1f} MB, last third "
           f"{p3['rss_last_third_mb']:.1f} MB ({p3['rss_last_third_mb'] - p3['rss_first_third_mb']:+.1f}); "
           f"slope {p3['rss_slope_mb_per_min']:+.2f} MB/min; "
-          f"{(p3['rss_last_third_mb'] - p3['rss_first_third_mb']) / max(1, p3['sessions_recorded'] * 2 / 3) * 1000:+.1f}"
+          f"{per_1000_sessions:+.1f}"
           f" MB per 1000 new sessions ({p3['sessions_recorded']} started while recording)")
         w("")
     rss = res.get("rss") or {}

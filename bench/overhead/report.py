@@ -119,9 +119,9 @@ def print_litellm(res: dict[str, Any]) -> None:
         return
     info = res.get("litellm") or {}
     print()
+    installed = f", installed by this run in {info['install_s']:.0f} s" if info.get("installed_now") else ""
     print(f"LiteLLM {info.get('version', '?')} ({info.get('requirement', '')}; venv bench/.venvs/litellm"
-          f"{', installed by this run in %.0f s' % info['install_s'] if info.get('installed_now') else ''}; "
-          f"ready {info.get('start_s', '?')} s after start)")
+          f"{installed}; ready {info.get('start_s', '?')} s after start)")
     print(f"  {info.get('command', '')}")
     hdr = (f"{'scenario':<32}{'n':>6}{'direct':>9}{'ctxproxy':>10}{'LiteLLM':>10}"
            f"{'ctxp +med':>11}{'LiteLLM +med':>14}{'ctxp +p99':>11}{'LiteLLM +p99':>14}"
@@ -129,11 +129,11 @@ def print_litellm(res: dict[str, Any]) -> None:
     print(hdr)
     print("-" * len(hdr))
     for key, label in ROWS:
-        d, p, l = sc[key]["direct"], sc[key]["proxy"], sc[key]["litellm"]
-        print(f"{label:<32}{l['n']:>6}{d['median']:>9.3f}{p['median']:>10.3f}{l['median']:>10.3f}"
-              f"{p['median'] - d['median']:>+11.3f}{l['median'] - d['median']:>+14.3f}"
-              f"{p['p99'] - d['p99']:>+11.3f}{l['p99'] - d['p99']:>+14.3f}"
-              f"{p['median'] / d['median']:>8.2f}{l['median'] / d['median']:>11.2f}")
+        d, p, lt = sc[key]["direct"], sc[key]["proxy"], sc[key]["litellm"]
+        print(f"{label:<32}{lt['n']:>6}{d['median']:>9.3f}{p['median']:>10.3f}{lt['median']:>10.3f}"
+              f"{p['median'] - d['median']:>+11.3f}{lt['median'] - d['median']:>+14.3f}"
+              f"{p['p99'] - d['p99']:>+11.3f}{lt['p99'] - d['p99']:>+14.3f}"
+              f"{p['median'] / d['median']:>8.2f}{lt['median'] / d['median']:>11.2f}")
     rd, rp, rl = sc["c16_rps"]["direct"], sc["c16_rps"]["proxy"], sc["c16_rps"]["litellm"]
     print(f"{f'{CONCURRENCY} concurrent, requests/s':<32}{rl['requests']:>6}{rd['rps']:>9.0f}{rp['rps']:>10.0f}"
           f"{rl['rps']:>10.0f}{'':>11}{'':>14}{'':>11}{'':>14}{rp['rps'] / rd['rps']:>8.2f}"

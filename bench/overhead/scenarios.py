@@ -9,15 +9,24 @@ runs alternating batches. Noise then hits every target alike.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import gc
 import time
 from typing import Any
 
 from bench.overhead.client import Target, chat_body, concurrent_batch, interleaved
-from bench.overhead.config import (CONCURRENCY, DIRECT, FLOOR, FULL, LITELLM, LITELLM_START_TIMEOUT, MODEL, PROXY,
-                                   QUICK, SMALL_MESSAGES)
+from bench.overhead.config import (
+    CONCURRENCY,
+    DIRECT,
+    FLOOR,
+    FULL,
+    LITELLM,
+    LITELLM_START_TIMEOUT,
+    MODEL,
+    PROXY,
+    QUICK,
+    SMALL_MESSAGES,
+)
 from bench.overhead.cpu import CpuMeter, timed_section
 from bench.overhead.processes import NotHealthy, Processes, wait_healthy
 from bench.overhead.stats import summary
@@ -79,7 +88,7 @@ async def _start_litellm(args: argparse.Namespace, procs: Processes, session: An
                            timeout=LITELLM_START_TIMEOUT, path="/health/liveliness", what="LiteLLM")
         target = Target(LITELLM, url + "/v1", session)
         await _probe(target)  # the pass-through works end to end
-    except (NotHealthy, RuntimeError, aiohttp.ClientError, asyncio.TimeoutError) as err:
+    except (TimeoutError, NotHealthy, RuntimeError, aiohttp.ClientError) as err:
         result["litellm_unavailable"] = {"stage": "start", "error": f"{type(err).__name__}: {err}"}
         return None
     procs.litellm_info["start_s"] = round(time.monotonic() - t0, 1)
@@ -113,10 +122,10 @@ async def _concurrent(targets: list[Target], body: bytes, cfg: dict[str, int], m
     meter = CpuMeter(procs)
     for t in order[:n_b]:
         with timed_section(meter):
-            s, l = await concurrent_batch(t, body, per, CONCURRENCY, "c16", max_s)
+            s, batch_lat = await concurrent_batch(t, body, per, CONCURRENCY, "c16", max_s)
         elapsed[t.name] += s
-        lat[t.name] += l
-        batches[t.name].append(len(l) / s)
+        lat[t.name] += batch_lat
+        batches[t.name].append(len(batch_lat) / s)
     result["scenarios"]["c16_latency"] = {k: summary(v) for k, v in lat.items()}
     result["cpu_ms_per_request"]["c16"] = meter.per_request(lat)
     result["samples_ms"]["c16_latency"] = lat

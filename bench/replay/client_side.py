@@ -22,7 +22,8 @@ def _tools_tokens(tools: list[dict[str, Any]] | None) -> int:
     return len(mu.tokens("<|tools|>" + json.dumps(tools))) if tools else 0
 
 
-def sliding_window(keep: int) -> Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, int], list[dict[str, Any]]]:
+def sliding_window(keep: int) -> Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, int],
+                                          list[dict[str, Any]]]:
     """System message(s) + the last `keep` messages; leading orphan tool messages dropped (pairing stays valid)."""
     def transform(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                   window: int) -> list[dict[str, Any]]:

@@ -80,9 +80,9 @@ def diagnose_lost(lost: list[str], raw: list[dict[str, Any]], sent: list[dict[st
                   history: Any) -> dict[str, Any]:
     """Why ctxproxy's last request lacks an identifier the raw trajectory named (diagnosis only).
 
-    `history` is the proxy's own proxy/rewrite/compress/history.py module (loaded from the proxy under test), whose identifier
-    regex decides what its code-written list can hold: an identifier it does not match can only survive in the
-    model-written part or verbatim. Categories: `proxy regex misses it` (no match of the proxy's regex in any
+    `history` is the proxy's own proxy/rewrite/compress/history.py module (loaded from the proxy under test), whose
+    identifier regex decides what its code-written list can hold: an identifier it does not match can only survive in
+    the model-written part or verbatim. Categories: `proxy regex misses it` (no match of the proxy's regex in any
     message naming it, exactly as written), `matched, not listed` (the regex finds it but the last summary's list
     does not have it: cap, token budget, or dropped at a later compaction), `no summary` (compacted without one).
     """
@@ -96,7 +96,8 @@ def diagnose_lost(lost: list[str], raw: list[dict[str, Any]], sent: list[dict[st
         proxy_ids = set()
         for m in raw:
             if ident in idents.named_text(m) or ident in history.text_of(CHAT, m):
-                proxy_ids.update(x.group(0).rstrip(history._TRAILING) for x in history.IDENTIFIER.finditer(history.text_of(CHAT, m)))
+                proxy_ids.update(x.group(0).rstrip(history._TRAILING)
+                                 for x in history.IDENTIFIER.finditer(history.text_of(CHAT, m)))
         if ident in proxy_ids or any(ident in x for x in proxy_ids):
             out["matched, not listed"].append(ident)
         else:

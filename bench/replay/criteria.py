@@ -143,7 +143,8 @@ def _criteria_for(results: list[dict[str, Any]], name: str, window: int, subset:
                         "met": c["cost_units"] < t["cost_units"],
                         "figures": f"{c['cost_units']:,.0f} vs {t['cost_units']:,.0f} "
                                    f"({c['cost_units'] / t['cost_units'] * 100:.1f}%); {other}: hit rate "
-                                   f"{pct(t['hit_rate'])}, identifiers {share(t['identifiers']['kept'], t['identifiers']['total'])}"})
+                                   f"{pct(t['hit_rate'])}, identifiers "
+                                   f"{share(t['identifiers']['kept'], t['identifiers']['total'])}"})
         else:
             out.append({"criterion": f"effective input cost lower than {other}'s", "met": None,
                         "figures": f"{other} not run"})

@@ -20,23 +20,27 @@ def markdown(results: list[dict[str, Any]], criteria: list[dict[str, Any]]) -> s
         lines.append(f"| {r['setting']} | {t['requests']} | {t['rejected']} ({t['context_length_exceeded']}) | "
                      f"{t['prompt_tokens']:,} | {t['cached_tokens']:,} | {pct(t['hit_rate'])} | "
                      f"{t['cost_units']:,.0f} | {pct(t.get('prompt_ratio'))} | {pct(common.get('prompt_ratio'))} | "
-                     f"{t['wall_s']:.1f} | {r['proxy'].get('cpu_s') if r['proxy'].get('cpu_s') is not None else '-'} |")
-    lines += ["", "| setting | tool pairing: bad requests, strict (client's own) | rewritten msgs | preview not smaller | "
-              "max preview share | unstable rewrites | altered w/o placeholder | placeholder w/o read tool | "
-              "over threshold, not offloaded | proxy overhead ms (sum / max) |",
+                     f"{t['wall_s']:.1f} | "
+                     f"{r['proxy'].get('cpu_s') if r['proxy'].get('cpu_s') is not None else '-'} |")
+    lines += ["", "| setting | tool pairing: bad requests, strict (client's own) | rewritten msgs | "
+              "preview not smaller | max preview share | unstable rewrites | altered w/o placeholder | "
+              "placeholder w/o read tool | over threshold, not offloaded | proxy overhead ms (sum / max) |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         t = r["total"]
         w = t.get("rewrites")
         p = r["proxy"]
         if w is None:
-            lines.append(f"| {r['setting']} | {t['pairing_problems']}, {t['pairing_problems_strict']} ({t['client_pairing_problems']}) | - | - | - | - | - | - | - | - |")
+            lines.append(f"| {r['setting']} | {t['pairing_problems']}, {t['pairing_problems_strict']} "
+                         f"({t['client_pairing_problems']}) | - | - | - | - | - | - | - | - |")
             continue
         max_share = "-" if w["max_preview_share"] is None else f"{w['max_preview_share']:.3f}"
-        lines.append(f"| {r['setting']} | {t['pairing_problems']}, {t['pairing_problems_strict']} ({t['client_pairing_problems']}) | "
-                     f"{w['rewritten_messages']} | {w['preview_not_smaller']} | {max_share} | {w['unstable_rewrites']} | "
-                     f"{w['altered_without_placeholder']} | {w['placeholder_without_read_tool']} | "
-                     f"{w['over_threshold_not_offloaded']} | {p.get('overhead_ms', '-')} / {p.get('max_overhead_ms', '-')} |")
+        lines.append(f"| {r['setting']} | {t['pairing_problems']}, {t['pairing_problems_strict']} "
+                     f"({t['client_pairing_problems']}) | "
+                     f"{w['rewritten_messages']} | {w['preview_not_smaller']} | {max_share} | "
+                     f"{w['unstable_rewrites']} | {w['altered_without_placeholder']} | "
+                     f"{w['placeholder_without_read_tool']} | {w['over_threshold_not_offloaded']} | "
+                     f"{p.get('overhead_ms', '-')} / {p.get('max_overhead_ms', '-')} |")
     if criteria:
         lines += ["", "| offload check | met | figures |", "|---|---|---|"]
         lines += [f"| {c['criterion']} | {'yes' if c['met'] else '**no**'} | {c['figures']} |" for c in criteria]
@@ -63,10 +67,10 @@ def compress_markdown(results: list[dict[str, Any]], subset: list[str]) -> str:
     ok = available(results)
     by = {r["setting"]: r["total"] for r in ok}
     ref = by.get("sliding-window-20")
-    lines = ["| setting | requests | rejected (ctx exceeded) | provider 400s | prompt tokens | cached tokens | hit rate "
-             "(agent only) | cost units | cost vs sliding-window-20 | proxy's own calls: n / prompt tok / cost units | "
-             "identifiers kept: all / after head | same, trajectories over trigger | pairing: bad requests, strict | "
-             "cache breaks | wall s |",
+    lines = ["| setting | requests | rejected (ctx exceeded) | provider 400s | prompt tokens | cached tokens | "
+             "hit rate (agent only) | cost units | cost vs sliding-window-20 | "
+             "proxy's own calls: n / prompt tok / cost units | identifiers kept: all / after head | "
+             "same, trajectories over trigger | pairing: bad requests, strict | cache breaks | wall s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         if "total" not in r:
@@ -109,7 +113,8 @@ def ranking_markdown(results: list[dict[str, Any]], ours: str = "ctxproxy") -> s
         best = max(others, key=lambda r: key(r["total"]), default=None)
         met = best is None or key(mine["total"]) > key(best["total"])
         lines.append(f"| {label} | {show(mine['total'])} | "
-                     + (f"{best['setting']}: {show(best['total'])}" if best else "-") + f" | {'yes' if met else '**no**'} |")
+                     + (f"{best['setting']}: {show(best['total'])}" if best else "-")
+                     + f" | {'yes' if met else '**no**'} |")
     return "\n".join(lines)
 
 
@@ -165,7 +170,8 @@ def criteria_markdown(criteria: list[dict[str, Any]], title: str) -> str:
 
 
 def compress_per_trace_markdown(results: list[dict[str, Any]], subset: list[str]) -> str:
-    """Per trajectory and setting: prompt tokens, hit rate, rejections, identifiers kept; * marks the trajectories over the trigger."""
+    """Per trajectory and setting: prompt tokens, hit rate, rejections, identifiers kept; * marks the trajectories
+    over the trigger."""
     ok = available(results)
     head = "| trace | turns | " + " | ".join(f"{r['setting']}: prompt / hit / rej / ids" for r in ok) + " |"
     lines = [head, "|---|---:|" + "---:|" * len(ok)]
@@ -188,7 +194,8 @@ def compaction_detail(res: dict[str, Any], limit: int = 40) -> str:
     breaks_with = sum(1 for _, q in rows if q.get("cache_break") and q.get("compacted"))
     breaks_without = [(tid, q["turn"], q.get("prefix_lost_tokens")) for tid, q in rows
                       if q.get("cache_break") and not q.get("compacted")]
-    comp_no_break = [(tid, q["turn"], q["compacted"]) for tid, q in rows if q.get("compacted") and not q.get("cache_break")]
+    comp_no_break = [(tid, q["turn"], q["compacted"]) for tid, q in rows
+                     if q.get("compacted") and not q.get("cache_break")]
     lines.append(f"{res['setting']}: {t['cache_breaks']} cache breaks (> {BREAK_TOKENS} tokens of the previous prompt "
                  f"re-billed), {t['prefix_lost_tokens']:,} prefix tokens lost in all; compactions by layer "
                  f"{t['compactions_by_layer'] or '{}'}; breaks on a compacting request {breaks_with}, "

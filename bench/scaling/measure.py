@@ -144,7 +144,7 @@ def profile_text(prof: cProfile.Profile, requests: int, proxy_dir: str, top: int
     functions by cumulative time (coroutine resumptions count as calls under cProfile)."""
     st = pstats.Stats(prof)
     rows = []
-    for (file, line, func), (cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+    for (file, line, func), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
         rows.append((file, line, func, nc, tt, ct))
     total = sum(r[4] for r in rows)
 

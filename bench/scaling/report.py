@@ -20,7 +20,8 @@ def print_report(res: dict[str, Any]) -> None:
     names = [c["config"] for c in confs]
     hdr = f"{'messages':>8} {'tokens':>9} {'KB':>6}"
     for n in names:
-        hdr += f" | {n + ' cpu med':>22} {'p90':>7} {'in-handler':>10} {'x n=' + str(confs[0]['rows'][0]['messages']):>7}"
+        hdr += (f" | {n + ' cpu med':>22} {'p90':>7} {'in-handler':>10} "
+                f"{'x n=' + str(confs[0]['rows'][0]['messages']):>7}")
     print(hdr)
     print("-" * len(hdr))
     base = {c["config"]: c["rows"][0]["cpu_ms"]["median"] for c in confs if c["rows"]}
@@ -53,7 +54,8 @@ def print_report(res: dict[str, Any]) -> None:
         print()
         print(f"The proxy's own CPU: its cpu median minus the {PASSTHROUGH} reference's (orjson loads + dumps of the "
               f"body, sent upstream and the answer returned; same app framework, upstream client and mock)")
-        hdr = f"{'messages':>8} {PASSTHROUGH + ' ms':>16}" + "".join(f" | {c['config'] + ' own ms':>22}" for c in proxies)
+        hdr = (f"{'messages':>8} {PASSTHROUGH + ' ms':>16}"
+               + "".join(f" | {c['config'] + ' own ms':>22}" for c in proxies))
         print(hdr)
         print("-" * len(hdr))
         for i, r in enumerate(ref["rows"]):
