@@ -95,7 +95,7 @@ def snapshot(dest: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Snapshot the proxy, run every step not skipped; 0 when all succeeded."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), f"ctxproxy-bench-{stamp}"))
     ap.add_argument("--quick", action="store_true", help="fewer timed requests (overhead, scaling)")
     ap.add_argument("--skip", default="", help="comma-separated step names to leave out")

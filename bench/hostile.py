@@ -105,7 +105,7 @@ async def neighbour(url: str, auth: dict[str, str], handle: str, stop: asyncio.E
                 try:
                     status, _, took = await _post(session, url, body, auth)
                     done.setdefault(kind if status == 200 else f"{kind} (HTTP {status})", []).append(took)
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                except (TimeoutError, aiohttp.ClientError) as e:
                     done.setdefault(f"{kind} ({type(e).__name__})", []).append(TIMEOUT_S)
 
 
@@ -119,7 +119,7 @@ async def healthz(base: str, stop: asyncio.Event, out: list[float]) -> None:
                 async with session.get(base + "/healthz") as r:
                     await r.read()
                 out.append(time.perf_counter() - t0)
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 out.append(TIMEOUT_S)
             await asyncio.sleep(HEALTHZ_EVERY_S)
 

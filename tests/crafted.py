@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-
 from mock_upstream import encoding
 
 MODEL = "small-agent-model"

@@ -37,7 +37,7 @@ class SilentServer:
         while not self._stop.is_set() and time.monotonic() < deadline:
             try:
                 conn, _ = self._sock.accept()
-            except (socket.timeout, BlockingIOError):
+            except (TimeoutError, BlockingIOError):
                 continue
             except OSError:
                 return

@@ -9,12 +9,8 @@ import uuid
 import httpx
 import openai
 import pytest
-
 from agent_runs import TOOLS, conversation
 from proxy_server import ProxyServer, make_settings
-
-
-
 
 
 @pytest.fixture

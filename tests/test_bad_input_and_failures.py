@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from proxy_server import ProxyServer, make_settings
 
 from proxy.store import open_store
-from proxy_server import ProxyServer, make_settings
 
 AUTH = {"authorization": "Bearer sk-test"}
 

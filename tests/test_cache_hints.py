@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import httpx
-
 from proxy_server import ProxyServer, make_settings
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from agent_runs import TOOLS, conversation
 from proxy_server import ProxyServer, make_settings
 

@@ -104,8 +104,9 @@ def _documented_defaults_differ(documented: object, code: object, where: str) ->
 
 def test_config_yaml_shows_the_code_defaults():
     """config.yaml says it shows the defaults: every default it documents is the code's own."""
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     from proxy.rewrite.settings import SECTION_MODELS
     shipped = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import httpx
 import orjson
 import pytest
-
 from agent_runs import TOOLS, conversation
 from proxy_server import ProxyServer, make_settings
 

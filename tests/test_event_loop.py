@@ -17,7 +17,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-
 from proxy_server import ProxyServer, make_settings
 
 KEY = "sk-event-loop"

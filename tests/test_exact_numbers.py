@@ -8,11 +8,11 @@ import time
 import httpx
 import orjson
 import pytest
-
-from proxy.wire.chat.codec import CHAT
-from proxy.wire import jsonio
-from proxy.wire.conversation import Conversation
 from proxy_server import ProxyServer, make_settings
+
+from proxy.wire import jsonio
+from proxy.wire.chat.codec import CHAT
+from proxy.wire.conversation import Conversation
 
 KEY = "sk-exact-numbers"
 SEED = 123456789012345678901234567890

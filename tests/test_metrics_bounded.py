@@ -9,9 +9,9 @@ import time
 import httpx
 import orjson
 import pytest
+from proxy_server import ProxyServer, make_settings
 
 from proxy.accounting.metrics import MAX_OTHER_MODELS, ModelLabels
-from proxy_server import ProxyServer, make_settings
 
 NAMES = 5_000
 

@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from mock_upstream import MockUpstream, PrefixCache, prompt_chunks, prompt_token_ids
 
 WEATHER_TOOL = {"type": "function", "function": {

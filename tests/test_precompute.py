@@ -11,7 +11,6 @@ import time
 import uuid
 
 import httpx
-
 from proxy_server import ProxyServer
 from test_compress import SUMMARY, agent_run, chat_requests, is_summary_call, post, responder, settings
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from proxy_server import ProxyServer, make_settings
 from test_faults import RawUpstream, read_request
 

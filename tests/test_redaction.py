@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import httpx
-
 import test_serve
+
 from proxy.logs import JsonFormatter
 from proxy.redact import redact
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from proxy.replay import parse, run
+from proxy.replay.simulator import Simulator, ThreadedServer
+from proxy.replay.traces import example_paths
 from proxy.rewrite.compress import summarizer
 from proxy.tokens.encodings import ensure_encodings, get_encoding
-from proxy.replay import parse, run
-from proxy.replay.traces import example_paths
-from proxy.replay.simulator import Simulator, ThreadedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = example_paths()

@@ -107,7 +107,7 @@ def test_a_big_function_call_output_is_offloaded_and_the_rest_untouched(proxy, u
 def test_the_same_request_is_rewritten_into_the_same_bytes(upstream, tmp_path):
     body = {"model": "gpt-5", "input": codex_input(big_log()), "tools": TOOLS, "store": False}
     bodies = []
-    for run in range(2):  # a restart in between: a new process state, the same store
+    for _ in range(2):  # a restart in between: a new process state, the same store
         with ProxyServer(settings(upstream, tmp_path)) as p:
             assert post(p, body).status_code == 200
             bodies.append(re.sub(rb"time: [0-9T:-]+Z", b"", re.sub(rb"elapsed: [^\\]+", b"",

@@ -5,12 +5,12 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from proxy_server import ProxyServer, make_settings
 
-from proxy.wire.conversation import Conversation
-from proxy.wire.chat.codec import CHAT
 from proxy.config import build_settings
 from proxy.http.routing import session_id, tenant_id
-from proxy_server import ProxyServer, make_settings
+from proxy.wire.chat.codec import CHAT
+from proxy.wire.conversation import Conversation
 
 
 @pytest.fixture

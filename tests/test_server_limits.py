@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 import test_serve
 
 TIMEOUT = 1.0  # header_timeout, body_timeout and keep_alive_timeout in these tests
@@ -47,7 +46,7 @@ def until_closed(sock: socket.socket) -> tuple[bytes, float]:
     try:
         while chunk := sock.recv(65536):
             got += chunk
-    except socket.timeout:
+    except TimeoutError:
         raise AssertionError(f"connection still open after {time.monotonic() - t0:.1f} s; got {got!r}") from None
     except ConnectionResetError:
         pass

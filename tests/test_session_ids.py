@@ -12,7 +12,6 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-
 from proxy_server import ProxyServer, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,12 +17,12 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from proxy_server import ProxyServer, make_settings
 
 import proxy.rewrite.status_bar.transform as status_module
+from proxy.tokens.session_memo import SessionMemo, common_prefix, scalar_leaves
 from proxy.wire.chat.codec import CHAT
 from proxy.wire.conversation import Conversation
-from proxy.tokens.session_memo import SessionMemo, common_prefix, scalar_leaves
-from proxy_server import ProxyServer, make_settings
 
 KEY = "sk-memo-a"
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}

@@ -8,7 +8,6 @@ from collections import Counter
 
 import httpx
 import pytest
-
 from proxy_server import ProxyServer, make_settings
 
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}

@@ -20,9 +20,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis.asyncio as aioredis
+from silent_server import SilentServer
 
 from proxy.store import RedisStore, SqliteStore, Store, StoreError, open_store
-from silent_server import SilentServer
 
 REDIS_URL = os.environ.get("CTXPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 SKIP_REDIS = os.environ.get("CTXPROXY_SKIP_REDIS") == "1"

@@ -14,10 +14,10 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from silent_server import SilentServer
 
 from proxy.store import RedisStore, StoreError
 from proxy.store.guarded import GuardedStore
-from silent_server import SilentServer
 
 DEADLINE = 0.2
 BACKOFF = 0.1

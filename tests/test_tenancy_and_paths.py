@@ -13,14 +13,14 @@ import textwrap
 
 import httpx
 import pytest
-
-from proxy.config import ConfigError
-from proxy.upstream.learned_windows import LearnedWindows, overflow_limit
-from proxy.http.routing import api_key_of, tenant_id
-from proxy.store import open_store
 from proxy_server import ProxyServer, make_settings
 from test_compress import agent_run
 from test_offload import HANDLE, TOOLS, big_log, history, offload_settings, sent_messages
+
+from proxy.config import ConfigError
+from proxy.http.routing import api_key_of, tenant_id
+from proxy.store import open_store
+from proxy.upstream.learned_windows import LearnedWindows, overflow_limit
 
 
 def basic(user: str, password: str) -> dict[str, str]:

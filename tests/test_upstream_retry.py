@@ -16,7 +16,6 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-
 from proxy_server import ProxyServer, make_settings
 from test_faults import RawUpstream, read_request, reset
 

@@ -96,7 +96,7 @@ async def agent_turn(session: Any, url: str, messages: list[dict[str, Any]], str
                 if m.get("tool_calls"):
                     msg["tool_calls"] = m["tool_calls"]
             t1 = time.perf_counter_ns()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, IndexError) as e:
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError, IndexError) as e:
         stats.errors[error_kind(e)] += 1
         return None
     if msg is None:

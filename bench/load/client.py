@@ -56,7 +56,7 @@ async def post_small(session: Any, url: str, body: bytes, run: Run) -> None:
             else:
                 run.ok((t1 - t0) / 1e6)
                 return
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
         run.error(error_kind(e))
     await asyncio.sleep(0.01)  # after an error: no hot loop against a failing server
 
@@ -134,7 +134,7 @@ async def one_stream(session: Any, url: str, body: bytes) -> dict[str, Any]:
                     else:
                         chunks += 1
             t1 = time.perf_counter_ns()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
         return {"error": error_kind(e)}
     if not done or chunks != STREAM_DATA_CHUNKS:
         return {"error": f"incomplete stream ({chunks}/{STREAM_DATA_CHUNKS} chunks, [DONE] {done})"}

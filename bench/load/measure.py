@@ -100,7 +100,7 @@ async def rss_sampler(pid: list[int], samples: list[tuple[float, str, int]], pha
             samples.append((time.monotonic() - t0, phase[0], r["VmRSS"]))
         try:
             await asyncio.wait_for(stop.wait(), timeout=1.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 

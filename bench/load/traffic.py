@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-
 AGENT_SYSTEM = (
     "You are a coding agent working in a Python repository. You can run shell commands, read and "
     "write files, search the code and list directories with the tools provided. Work step by step: "

@@ -17,11 +17,26 @@ from bench import replay as package
 from bench.paths import ROOT, TRACES_ENV, default_traces_dir, traces_dir
 from bench.replay.criteria import compare, compression_criteria, offload_criteria, over_trigger_traces
 from bench.replay.run import replay_setting
-from bench.replay.settings import (BASELINE, COMPRESS_SETTINGS, DEFAULT_SETTINGS, SETTING_GROUPS, SETTINGS,
-                                   STATUS_BAR_SETTINGS, derived_setting)
-from bench.replay.tables import (available, compaction_detail, compress_markdown, compress_per_trace_markdown,
-                                 criteria_markdown, markdown, per_trace_markdown, ranking_markdown,
-                                 status_bar_markdown)
+from bench.replay.settings import (
+    BASELINE,
+    COMPRESS_SETTINGS,
+    DEFAULT_SETTINGS,
+    SETTING_GROUPS,
+    SETTINGS,
+    STATUS_BAR_SETTINGS,
+    derived_setting,
+)
+from bench.replay.tables import (
+    available,
+    compaction_detail,
+    compress_markdown,
+    compress_per_trace_markdown,
+    criteria_markdown,
+    markdown,
+    per_trace_markdown,
+    ranking_markdown,
+    status_bar_markdown,
+)
 from bench.replay.traces import load_traces
 from tests import mock_upstream as mu
 
@@ -40,7 +55,7 @@ def git_state() -> dict[str, Any]:
 def machine() -> dict[str, Any]:
     """Python, platform, CPU count and the date, for the JSON file."""
     return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+            "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
 def _setting_names(ap: argparse.ArgumentParser, spec: str) -> list[str]:

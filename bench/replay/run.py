@@ -15,8 +15,7 @@ from bench import external_proxies as ext
 from bench import fake_llm
 from bench.replay.compaction import load_proxy_history
 from bench.replay.settings import MODEL, Setting
-from bench.replay.targets import (cpu_seconds, external_state, free_port, proxy_inprocess, proxy_log,
-                                  proxy_subprocess)
+from bench.replay.targets import cpu_seconds, external_state, free_port, proxy_inprocess, proxy_log, proxy_subprocess
 from bench.replay.traces import Trace
 from bench.replay.turns import aggregate, replay_trace
 from tests import mock_upstream as mu

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 MODEL = "gpt-4o"
 WINDOW = 1_000_000  # the mock's window for gpt-4o (bench.overhead's MOCK_WINDOW) and the proxy's
 SIZES = [10, 50, 100, 200, 500, 1000]
