@@ -168,12 +168,13 @@ def prompt_token_ids(body: dict[str, Any]) -> list[int]:
     return [t for chunk in prompt_chunks(body) for t in chunk]
 
 
-def _marked(obj: Any) -> bool:
+def marked(obj: Any) -> bool:
+    """Whether a tool, message or input item carries a cache marker (``cache_control`` or a marker part)."""
     if isinstance(obj, dict):
         if "cache_control" in obj or obj.get("type") == CACHE_MARKER:
             return True
         content = obj.get("content")
-        return isinstance(content, list) and any(_marked(p) for p in content)
+        return isinstance(content, list) and any(marked(p) for p in content)
     return False
 
 
@@ -181,11 +182,11 @@ def breakpoint_chunks(body: dict[str, Any]) -> list[int]:
     """Indexes (into prompt_chunks) of the tool list or messages that carry a cache marker."""
     out, i = [], 0
     if body.get("tools"):
-        if any(_marked(t) for t in body["tools"]):
+        if any(marked(t) for t in body["tools"]):
             out.append(0)
         i = 1
     for m in body.get("messages") or []:
-        if _marked(m):
+        if marked(m):
             out.append(i)
         i += 1
     return out

@@ -1,8 +1,8 @@
 """Wire shapes for the mock OpenAI upstream (tests/mock_upstream.py), kept out of the server.
 
-What OpenAI actually sends, field by field: completions, SSE chunks,
-embeddings and Responses. What a prompt costs and caches is in
-tests/_mock_prompt.py.
+What OpenAI actually sends, field by field: completions, SSE chunks and
+embeddings (the Responses API's shapes are in tests/_mock_responses_wire.py).
+What a prompt costs and caches is in tests/_mock_prompt.py.
 """
 
 from __future__ import annotations
@@ -141,52 +141,3 @@ def embedding_item(index: int, vec: list[float], encoding_format: str | None) ->
     if encoding_format == "base64":
         emb = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
     return {"object": "embedding", "index": index, "embedding": emb}
-
-
-def responses_input_text(inp: Any) -> str:
-    """Flatten a Responses API `input` (string or item list) to its text."""
-    if isinstance(inp, str):
-        return inp
-    parts: list[str] = []
-    for item in inp if isinstance(inp, list) else []:
-        content = item.get("content") if isinstance(item, dict) else None
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts += [p.get("text", "") for p in content if isinstance(p, dict)]
-    return "\n".join(parts)
-
-
-def response_object(*, id_: str, created: int, model: str, text: str, status: str,
-                    input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    """A minimal but SDK-parseable Responses API `response` object."""
-    output = [] if status != "completed" else [{
-        "type": "message", "id": f"msg_{id_}", "status": "completed", "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
-    }]
-    usage = None if status != "completed" else {
-        "input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": input_tokens + output_tokens,
-    }
-    return {
-        "id": id_, "object": "response", "created_at": created, "status": status,
-        "model": model, "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
-        "tools": [], "error": None, "incomplete_details": None, "instructions": None,
-        "metadata": {}, "temperature": 1.0, "top_p": 1.0, "usage": usage,
-    }
-
-
-def responses_sse_events(resp: dict[str, Any], text: str) -> list[bytes]:
-    """`response.created`, `response.output_text.delta` x n, `response.completed`."""
-    item_id = f"msg_{resp['id']}"
-    created = dict(resp, status="in_progress", output=[], usage=None)
-    events: list[dict[str, Any]] = [{"type": "response.created", "response": created}]
-    events += [{"type": "response.output_text.delta", "item_id": item_id, "output_index": 0,
-                "content_index": 0, "delta": w, "logprobs": []} for w in split_words(text)]
-    events.append({"type": "response.completed", "response": resp})
-    out = []
-    for seq, ev in enumerate(events):
-        ev["sequence_number"] = seq
-        out.append(f"event: {ev['type']}\n".encode() + b"data: " + dumps(ev) + b"\n\n")
-    return out

@@ -9,7 +9,12 @@ It is faithful where the proxy's behaviour depends on it: prompt token counts
 (tiktoken o200k_base over a deterministic rendering), the context-window 400,
 prompt-cache accounting computed from a real token-prefix comparison (those
 rules are in tests/_mock_prompt.py, independent of the proxy's code), and the
-exact SSE framing of chat and Responses streams. Everything else is minimal.
+exact SSE framing of chat and Responses streams. The Responses API is served
+as fully as chat: the same rendering and cache rules item by item
+(tests/_mock_responses_prompt.py), stored responses for previous_response_id
+and GET, its error shapes, the full event sequence of a stream
+(tests/_mock_responses_wire.py), /v1/responses/input_tokens and
+/v1/responses/compact. Everything else is minimal.
 """
 
 from __future__ import annotations
@@ -35,9 +40,13 @@ from starlette.responses import Response, StreamingResponse
 
 try:  # imported as tests.mock_upstream (benchmarks) or mock_upstream (pytest rootdir)
     from . import _mock_prompt as mp
+    from . import _mock_responses_prompt as rp
+    from . import _mock_responses_wire as rw
     from . import _mock_stream as ms
 except ImportError:
     import _mock_prompt as mp  # type: ignore[no-redef]
+    import _mock_responses_prompt as rp  # type: ignore[no-redef]
+    import _mock_responses_wire as rw  # type: ignore[no-redef]
     import _mock_stream as ms  # type: ignore[no-redef]
 
 # Re-exported so tests and benchmarks can recompute what the mock bills.
@@ -49,9 +58,14 @@ prompt_token_ids = mp.prompt_token_ids
 billable_cached = mp.billable_cached
 common_prefix_len = mp.common_prefix_len
 PrefixCache = mp.PrefixCache
+render_item = rp.render_item
+responses_prompt_chunks = rp.prompt_chunks
+responses_prompt_token_ids = rp.prompt_token_ids
 
 DEFAULT_WINDOW = 128_000
 DEFAULT_WINDOWS: dict[str, int] = {"gpt-4o": 128_000, "gpt-4o-mini": 128_000}
+RESPONSES_WINDOW_MESSAGE = ("Your input exceeds the context window of this model. "
+                            "Please adjust your input and try again.")
 ScriptEntry = str | dict[str, Any] | Callable[[dict[str, Any]], str | dict[str, Any]]
 
 
@@ -89,6 +103,7 @@ class MockUpstream:
         self.requests: list[RecordedRequest] = []
         self.errors: list[str] = []  # tracebacks of mock bugs / failing script callables
         self.cache = PrefixCache()
+        self.stored = rp.ResponseStore()  # Responses API: kept responses, per API key
         self.reset()
 
     # ---- lifecycle
@@ -133,11 +148,12 @@ class MockUpstream:
         self.stop()
 
     def reset(self) -> None:
-        """Back to defaults: no requests, script, failures, delays or cached prefixes."""
+        """Back to defaults: no requests, script, failures, delays, cached prefixes or stored responses."""
         with self._lock:
             self.requests.clear()
             self.errors.clear()
             self.cache.clear()
+            self.stored.clear()
             self._script: collections.deque[ScriptEntry] = collections.deque()
             self._failures: collections.deque[_Failure] = collections.deque()
             self.windows: dict[str, int] = dict(DEFAULT_WINDOWS)
@@ -161,7 +177,8 @@ class MockUpstream:
 
     def script(self, *responses: ScriptEntry) -> None:
         """Queue replies: text, `{"tool_calls": [{"name", "arguments"}], "content"?}`, or a
-        callable `(request_json) -> either`. Used in order; "ok" when the queue is empty."""
+        callable `(request_json) -> either`. Used in order by chat and Responses requests alike
+        (a Responses reply is a message item and/or function_call items); "ok" when empty."""
         with self._lock:
             self._script.extend(responses)
 
@@ -236,6 +253,12 @@ class MockUpstream:
             return self._embeddings(rec)
         if key == ("POST", "/v1/responses"):
             return self._responses(rec, first_delay, chunk_delay)
+        if key == ("POST", "/v1/responses/input_tokens"):
+            return self._responses_input_tokens(rec)
+        if key == ("POST", "/v1/responses/compact"):
+            return self._responses_compact(rec)
+        if rec.method == "GET" and rec.path.startswith("/v1/responses/"):
+            return self._responses_get(rec)
         return self._json(404, ms.error_body(f"Invalid URL ({rec.method} {rec.path})"))
 
     @staticmethod
@@ -254,6 +277,27 @@ class MockUpstream:
         hit = max((p for j, (hj, p) in enumerate(ends) if j <= last and hj in written and p <= common), default=0)
         written.update(ends[j][0] for j in marks)
         return hit
+
+    def _cached_tokens(self, rec: RecordedRequest, model: str, key: Any, chunks: list[mp.Chunk],
+                       marks: Callable[[], list[int]]) -> int:
+        """What the provider bills as cached for this prompt, and remember it: chat and Responses alike.
+
+        Several cache machines: a request lands on the one its prompt_cache_key
+        picks, or, without a key, wherever the load balancer sends it (round
+        robin here). `marks` gives the cache-marked chunks, for breakpoint models.
+        """
+        with self._lock:
+            self._routed += 1
+            shard = zlib.crc32(str(key).encode()) % self.shards if key else self._routed % self.shards
+            scope = (rec.headers.get("authorization", ""), f"{model}#{shard}")
+            common = self.cache.match_and_store(scope, chunks, self.clock(), self.cache_ttl)
+            if any(fnmatch.fnmatchcase(model, g) for g in self.breakpoint_models):
+                common = self._at_breakpoints(scope, chunks, marks(), common)
+            return billable_cached(common)
+
+    @staticmethod
+    def _completion_tokens(reply: ms.Reply) -> int:
+        return len(tokens(reply.text or "")) + sum(len(tokens(c.name + c.arguments)) for c in reply.tool_calls)
 
     def _next_id(self) -> int:
         with self._lock:
@@ -314,20 +358,10 @@ class MockUpstream:
                        f"messages.")
             return self._json(400, ms.error_body(msg, param="messages",
                                                  code="context_length_exceeded"))
-        key = body.get("prompt_cache_key")
-        with self._lock:
-            self._routed += 1
-            # Several cache machines: a request lands on the one its prompt_cache_key picks,
-            # or, without a key, wherever the load balancer sends it (round robin here).
-            shard = zlib.crc32(str(key).encode()) % self.shards if key else self._routed % self.shards
-            scope = (rec.headers.get("authorization", ""), f"{model}#{shard}")
-            common = self.cache.match_and_store(scope, chunks, self.clock(), self.cache_ttl)
-            if any(fnmatch.fnmatchcase(model, g) for g in self.breakpoint_models):
-                common = self._at_breakpoints(scope, chunks, mp.breakpoint_chunks(body), common)
-            cached = billable_cached(common)
+        cached = self._cached_tokens(rec, model, body.get("prompt_cache_key"), chunks,
+                                     lambda: mp.breakpoint_chunks(body))
         reply = self._next_reply(body)
-        completion = len(tokens(reply.text or "")) + sum(
-            len(tokens(c.name + c.arguments)) for c in reply.tool_calls)
+        completion = self._completion_tokens(reply)
         rec.usage = {"prompt_tokens": prompt, "completion_tokens": completion,
                      "total_tokens": prompt + completion,
                      "prompt_tokens_details": {"cached_tokens": cached},
@@ -363,22 +397,98 @@ class MockUpstream:
         return self._json(200, {"object": "list", "data": data, "model": body["model"],
                                 "usage": {"prompt_tokens": used, "total_tokens": used}})
 
+    # ---- Responses API
+
+    def _responses_prompt(self, rec: RecordedRequest) -> rp.Prompt | Response:
+        """The conversation a Responses request continues, rendered; or the 400 OpenAI answers instead."""
+        try:
+            return rp.render(rec.json, self.stored.history(rec.headers.get("authorization", ""), rec.json))
+        except rp.RequestError as e:
+            return self._json(e.status, ms.error_body(e.message, param=e.param, code=e.code))
+
+    def _over_window(self, model: str, prompt: rp.Prompt, budget: int) -> Response | None:
+        if prompt.tokens + budget <= self.window_for(model):
+            return None
+        return self._json(400, ms.error_body(RESPONSES_WINDOW_MESSAGE, param="input",
+                                             code="context_length_exceeded"))
+
+    def _responses_usage(self, rec: RecordedRequest, prompt: rp.Prompt, cached: int,
+                         output_tokens: int) -> dict[str, Any]:
+        """Record the full usage on `rec`; return what is reported (no details if report_cached is off).
+
+        cache_write_tokens: the billable prefix this prompt adds to the cache
+        beyond what it read from it (the mock writes every prompt's prefix).
+        """
+        written = max(0, billable_cached(prompt.tokens) - cached)
+        rec.usage = rw.usage(prompt.tokens, cached, written, output_tokens)
+        usage = dict(rec.usage)
+        if not self.report_cached:
+            del usage["input_tokens_details"]
+        return usage
+
     def _responses(self, rec: RecordedRequest, first_delay: float,
                    chunk_delay: float) -> Response:
         body = rec.json
-        if (bad := self._invalid_body(body, ("model", "input"))) is not None:
+        if (bad := self._invalid_body(body, ("model",))) is not None:
             return bad
-        text = ms.responses_input_text(body["input"])
-        n_tokens = len(tokens(text))
+        model = str(body["model"])
+        prompt = self._responses_prompt(rec)
+        if isinstance(prompt, Response):
+            return prompt
+        if (bad := self._over_window(model, prompt, body.get("max_output_tokens") or 0)) is not None:
+            return bad
+        cached = self._cached_tokens(rec, model, body.get("prompt_cache_key"), prompt.chunks,
+                                     lambda: prompt.marks)
+        reply = self._next_reply(body)
         n = self._next_id()
-        resp = ms.response_object(id_=f"resp_mock{n}", created=1_700_000_000 + n,
-                                  model=str(body["model"]), text=text, status="completed",
-                                  input_tokens=n_tokens, output_tokens=n_tokens)
+        output = rw.output_items(f"mock{n}", reply, body)
+        usage = self._responses_usage(rec, prompt, cached, self._completion_tokens(reply))
+        resp = rw.response_object(id_=f"resp_mock{n}", created=1_700_000_000 + n, body=body,
+                                  output=output, usage=usage)
+        if body.get("store", True) is not False:
+            self.stored.put(rec.headers.get("authorization", ""), prompt.items + output, resp)
+        headers = {"x-request-id": f"req_mock{n}", "openai-processing-ms": "1"}
         if not body.get("stream"):
-            return self._json(200, resp)
-        return StreamingResponse(ms.sse_stream(ms.responses_sse_events(resp, text),
+            return self._json(200, resp, headers)
+        return StreamingResponse(ms.sse_stream(rw.sse_events(rw.stream_events(resp)),
                                                first_delay=first_delay, chunk_delay=chunk_delay),
-                                 media_type="text/event-stream")
+                                 media_type="text/event-stream",
+                                 headers={**headers, "cache-control": "no-cache"})
+
+    def _responses_input_tokens(self, rec: RecordedRequest) -> Response:
+        """What the request would be billed as input, without running it (nothing cached or kept)."""
+        if (bad := self._invalid_body(rec.json, ())) is not None:
+            return bad
+        prompt = self._responses_prompt(rec)
+        if isinstance(prompt, Response):
+            return prompt
+        return self._json(200, {"object": "response.input_tokens", "input_tokens": prompt.tokens})
+
+    def _responses_compact(self, rec: RecordedRequest) -> Response:
+        """The conversation reduced to its user messages and one opaque compaction item, as Codex replays it."""
+        body = rec.json
+        if (bad := self._invalid_body(body, ("model",))) is not None:
+            return bad
+        model = str(body["model"])
+        prompt = self._responses_prompt(rec)
+        if isinstance(prompt, Response):
+            return prompt
+        if (bad := self._over_window(model, prompt, 0)) is not None:
+            return bad
+        cached = self._cached_tokens(rec, model, body.get("prompt_cache_key"), prompt.chunks,
+                                     lambda: prompt.marks)
+        n = self._next_id()
+        usage = self._responses_usage(rec, prompt, cached,
+                                      len(tokens(rw.compaction_ciphertext(f"mock{n}"))))
+        return self._json(200, rw.compacted(tag=f"mock{n}", created=1_700_000_000 + n,
+                                            items=prompt.items, usage=usage))
+
+    def _responses_get(self, rec: RecordedRequest) -> Response:
+        response_id = rec.path[len("/v1/responses/"):]
+        stored = self.stored.get(rec.headers.get("authorization", ""), response_id)
+        if stored is None:
+            return self._json(404, ms.error_body(f"Response with id '{response_id}' not found."))
+        return self._json(200, stored.response)
 
     def _echo(self, rec: RecordedRequest) -> Response:
         return self._json(200, {"method": rec.method, "path": rec.path, "query": rec.query,

@@ -14,12 +14,25 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
 from typing import Any
 
 import httpx
 import openai
+import pydantic
 import pytest
-from mock_upstream import MockUpstream, PrefixCache, prompt_chunks, prompt_token_ids
+from mock_upstream import (
+    MockUpstream,
+    PrefixCache,
+    prompt_chunks,
+    prompt_token_ids,
+    render_item,
+    render_message,
+    responses_prompt_chunks,
+    responses_prompt_token_ids,
+    tokens,
+)
+from openai.types.responses import Response, ResponseCompactionItem, ResponseReasoningItem, ResponseStreamEvent
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city.",
@@ -272,15 +285,260 @@ def test_fail_next(client: openai.OpenAI, upstream: MockUpstream) -> None:
     assert [r.status for r in upstream.requests] == [429, 503, 200]
 
 
-def test_responses_api(client: openai.OpenAI) -> None:
-    r = client.responses.create(model="gpt-4o", input="hello mock world")
-    assert r.output_text == "hello mock world" and r.status == "completed"
-    events = list(client.responses.create(model="gpt-4o", input="a b c", stream=True))
-    types = [e.type for e in events]
-    assert types == ["response.created"] + ["response.output_text.delta"] * 3 \
-        + ["response.completed"]
-    assert "".join(e.delta for e in events[1:-1]) == "a b c"
-    assert events[-1].response.output_text == "a b c"
+# --------------------------------------------------------------------------- Responses API
+
+RESPONSES_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather for a city.",
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                 "required": ["city"], "additionalProperties": False},
+                  "strict": True}
+STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
+
+
+def sse_frames(raw: str) -> list[tuple[str, dict[str, Any]]]:
+    """(event name, data) of each `event: <type>\\ndata: <json>` frame; fails on any other framing."""
+    assert raw.endswith("\n\n")
+    frames = []
+    for block in raw[:-2].split("\n\n"):
+        name, data = block.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: "), block
+        frames.append((name[len("event: "):], json.loads(data[len("data: "):])))
+    return frames
+
+
+def test_responses_parse_strictly_with_sdk_types(client: openai.OpenAI, upstream: MockUpstream) -> None:
+    """Both modes: every object and event validates against the SDK's pydantic types (not just its lenient parse)."""
+    upstream.script("Hello there, friend.", "The quick brown fox.")
+    raw = client.responses.with_raw_response.create(model="gpt-4o", input="hi", instructions="Be brief.",
+                                                    temperature=0.2, metadata={"k": "v"})
+    r = Response.model_validate(json.loads(raw.text))
+    assert r.output_text == "Hello there, friend." and r.status == "completed"
+    assert (r.object, r.model, r.instructions, r.temperature, r.metadata) == (
+        "response", "gpt-4o", "Be brief.", 0.2, {"k": "v"})
+    assert r.id.startswith("resp_") and r.output[0].id.startswith("msg_") and r.output[0].role == "assistant"
+    assert r.usage.input_tokens == len(responses_prompt_token_ids(
+        {"instructions": "Be brief.", "input": "hi"})) and r.usage.output_tokens == len(tokens(r.output_text))
+    assert upstream.requests[-1].usage == r.usage.model_dump(exclude_none=True)
+    events = list(client.responses.create(model="gpt-4o", input="go", stream=True))
+    for e in events:
+        STREAM_EVENT.validate_python(e.model_dump(exclude_unset=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "The quick brown fox."
+    done = events[-1].response
+    assert done.output_text == "The quick brown fox." and done.usage.total_tokens > 0
+    assert events[0].response.status == "in_progress" and events[0].response.usage is None
+    with client.responses.stream(model="gpt-4o", input="again") as stream:
+        assert stream.get_final_response().output_text == "ok"  # script empty -> default reply
+
+
+def test_responses_stream_framing_and_sequence(upstream: MockUpstream) -> None:
+    upstream.script("one two")
+    with httpx.stream("POST", upstream.base_url + "/responses",
+                      json={"model": "gpt-4o", "input": "x", "stream": True}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        frames = sse_frames(b"".join(r.iter_raw()).decode())
+    assert all(name == data["type"] for name, data in frames)
+    assert [data["sequence_number"] for _, data in frames] == list(range(len(frames)))
+    assert [name for name, _ in frames] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed"]
+    item_id = frames[-1][1]["response"]["output"][0]["id"]
+    assert all(d["item_id"] == item_id for _, d in frames[3:8])
+    assert frames[2][1]["item"] == {"id": item_id, "type": "message", "status": "in_progress",
+                                    "role": "assistant", "content": []}
+
+
+def test_responses_tool_call_stream_parses_into_function_calls(client: openai.OpenAI,
+                                                               upstream: MockUpstream) -> None:
+    args = {"city": "San Francisco, California"}
+    upstream.script({"tool_calls": [{"name": "get_weather", "arguments": args},
+                                    {"name": "get_weather", "arguments": {"city": "Oslo"}}]},
+                    {"content": "Checking.", "tool_calls": [{"name": "get_weather", "arguments": "{}"}]})
+    with client.responses.stream(model="gpt-4o", input="sf and oslo", tools=[RESPONSES_TOOL]) as stream:
+        deltas: dict[int, str] = {}
+        for e in stream:
+            if e.type == "response.function_call_arguments.delta":
+                deltas[e.output_index] = deltas.get(e.output_index, "") + e.delta
+        final = stream.get_final_response()
+    assert [(o.type, o.call_id, o.name, o.status) for o in final.output] == [
+        ("function_call", "call_1", "get_weather", "completed"),
+        ("function_call", "call_2", "get_weather", "completed")]
+    assert final.output[0].parsed_arguments == args and json.loads(deltas[0]) == args
+    assert len(set(o.id for o in final.output)) == 2 and final.output[0].id.startswith("fc_")
+    # text and a call: a message item, then the function_call item
+    events = list(client.responses.create(model="gpt-4o", input="x", tools=[RESPONSES_TOOL], stream=True))
+    out = events[-1].response.output
+    assert [o.type for o in out] == ["message", "function_call"] and out[0].content[0].text == "Checking."
+    assert [e.output_index for e in events if e.type == "response.output_item.added"] == [0, 1]
+
+
+def _run_turns(client: openai.OpenAI, mode: str) -> list[tuple[int, int, int, int]]:
+    """Three turns of one conversation, resent in full or chained by previous_response_id.
+
+    Returns per turn: (cached_tokens, input_tokens) as billed, then the cached
+    tokens and prompt length recomputed from the whole conversation's tokens.
+    """
+    instructions = long_text(400)
+    full: list[Any] = []  # the conversation so far, as a client resending it would hold it
+    prev_ids: list[int] | None = None
+    previous: str | None = None
+    out = []
+    for turn in range(3):
+        new = [{"role": "user", "content": f"question {turn}: {long_text(30, salt=str(turn))}"}]
+        if mode == "chain":
+            r = client.responses.create(model="gpt-4o", instructions=instructions, input=new,
+                                        previous_response_id=previous or openai.omit)
+        else:
+            r = client.responses.create(model="gpt-4o", instructions=instructions, input=full + new)
+        full += new + [o.model_dump(exclude_none=True) for o in r.output]
+        ids = responses_prompt_token_ids({"instructions": instructions, "input": full[:-len(r.output)]})
+        out.append((r.usage.input_tokens_details.cached_tokens, r.usage.input_tokens,
+                    independent_cached(prev_ids, ids) if prev_ids else 0, len(ids)))
+        prev_ids, previous = ids, r.id
+    return out
+
+
+@pytest.mark.parametrize("mode", ["resend", "chain"])
+def test_responses_cached_tokens_grow_with_the_conversation(client: openai.OpenAI, upstream: MockUpstream,
+                                                            mode: str) -> None:
+    """A chain renders as its stored history + new input, so it bills and caches like a full resend."""
+    turns = _run_turns(client, mode)
+    assert [t[1] for t in turns] == [t[3] for t in turns]  # input tokens: the whole conversation
+    assert [t[0] for t in turns] == [t[2] for t in turns]  # cached: the real common token prefix
+    assert 0 == turns[0][0] < turns[1][0] < turns[2][0]
+    assert all(t[0] % 128 == 0 for t in turns)
+    write = upstream.requests[-1].usage["input_tokens_details"]["cache_write_tokens"]
+    assert write == turns[2][1] - turns[2][1] % 128 - turns[2][0]
+
+
+def test_responses_share_the_chat_prefix_cache_rules(client: openai.OpenAI, upstream: MockUpstream) -> None:
+    """Same scope (key, model, shard) and per-item chunks: a changed item ends the match there, keys pick shards."""
+    upstream.shards = 4
+    body: dict[str, Any] = {"input": [{"role": "user", "content": long_text(400)}, {"role": "user", "content": "a"}]}
+    other = {"input": body["input"][:1] + [{"role": "user", "content": "b"}]}
+    client.responses.create(model="gpt-4o", prompt_cache_key="k1", **body)
+    r = client.responses.create(model="gpt-4o", prompt_cache_key="k1", **other)
+    assert r.usage.input_tokens_details.cached_tokens == independent_cached(
+        responses_prompt_token_ids(body), responses_prompt_token_ids(other)) > 0
+    keys = [k for k in (f"x{i}" for i in range(50)) if zlib.crc32(k.encode()) % 4 != zlib.crc32(b"k1") % 4]
+    r = client.responses.create(model="gpt-4o", prompt_cache_key=keys[0], **other)
+    assert r.usage.input_tokens_details.cached_tokens == 0  # another cache machine
+
+
+def test_responses_context_window_400(client: openai.OpenAI, upstream: MockUpstream) -> None:
+    upstream.windows["tiny"] = 100
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.responses.create(model="tiny", input=long_text(50))
+    assert ei.value.status_code == 400 and ei.value.code == "context_length_exceeded"
+    assert ei.value.body == {
+        "message": "Your input exceeds the context window of this model. Please adjust your input and try again.",
+        "type": "invalid_request_error", "param": "input", "code": "context_length_exceeded"}
+    n = len(responses_prompt_token_ids({"input": "hi"}))
+    with pytest.raises(openai.BadRequestError, match="exceeds the context window"):
+        client.responses.create(model="tiny", input="hi", max_output_tokens=101 - n)
+    assert client.responses.create(model="tiny", input="hi", max_output_tokens=100 - n).status == "completed"
+
+
+def test_responses_orphan_tool_output_400(client: openai.OpenAI, upstream: MockUpstream) -> None:
+    orphan = {"type": "function_call_output", "call_id": "call_nope", "output": "sunny"}
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.responses.create(model="gpt-4o", input=[{"role": "user", "content": "x"}, orphan])
+    assert ei.value.body == {"message": "No tool call found for function call output with call_id call_nope.",
+                             "type": "invalid_request_error", "param": "input", "code": None}
+    call = {"type": "function_call", "call_id": "call_nope", "name": "get_weather", "arguments": "{}"}
+    assert client.responses.create(model="gpt-4o", input=[call, orphan]).status == "completed"
+    # the call may come from the stored chain: the answer to a scripted tool call is accepted
+    upstream.script({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]})
+    r1 = client.responses.create(model="gpt-4o", input="weather?", tools=[RESPONSES_TOOL])
+    answer = {"type": "function_call_output", "call_id": r1.output[0].call_id, "output": "sunny"}
+    r2 = client.responses.create(model="gpt-4o", input=[answer], previous_response_id=r1.id)
+    assert r2.status == "completed"
+    with pytest.raises(openai.BadRequestError, match="with call_id call_1"):
+        client.responses.create(model="gpt-4o", input=[answer])  # without the chain it is an orphan
+
+
+def test_responses_store_previous_id_and_retrieve(client: openai.OpenAI, upstream: MockUpstream) -> None:
+    r = client.responses.create(model="gpt-4o", input="keep me")
+    assert client.responses.retrieve(r.id).model_dump() == r.model_dump()
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.responses.create(model="gpt-4o", input="x", previous_response_id="resp_unknown")
+    assert ei.value.body == {"message": "Previous response with id 'resp_unknown' not found.",
+                             "type": "invalid_request_error", "param": "previous_response_id",
+                             "code": "previous_response_not_found"}
+    gone = client.responses.create(model="gpt-4o", input="forget me", store=False)
+    assert gone.store is False
+    with pytest.raises(openai.BadRequestError, match=f"Previous response with id '{gone.id}' not found"):
+        client.responses.create(model="gpt-4o", input="x", previous_response_id=gone.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(gone.id)
+    other = openai.OpenAI(base_url=upstream.base_url, api_key="sk-other", max_retries=0)
+    with pytest.raises(openai.BadRequestError):  # stored per API key
+        other.responses.create(model="gpt-4o", input="x", previous_response_id=r.id)
+
+
+def test_responses_input_tokens_and_compact(client: openai.OpenAI, upstream: MockUpstream) -> None:
+    r = client.responses.create(model="gpt-4o", input="first", instructions="sys")
+    count = client.responses.input_tokens.count(model="gpt-4o", input="second", previous_response_id=r.id)
+    expected = {"input": [{"role": "user", "content": "first"}, r.output[0].model_dump(),
+                          {"role": "user", "content": "second"}]}
+    assert (count.object, count.input_tokens) == ("response.input_tokens",
+                                                  len(responses_prompt_token_ids(expected)))
+    raw = client.responses.with_raw_response.compact(model="gpt-4o", input="second", previous_response_id=r.id)
+    c = raw.parse()
+    assert (c.object, c.id[:5], c.usage.input_tokens) == ("response.compaction", "resp_", count.input_tokens)
+    output = json.loads(raw.text)["output"]  # Codex reads only this list and replays it as the history
+    compaction = ResponseCompactionItem.model_validate(output[-1])
+    assert compaction.type == "compaction" and compaction.encrypted_content
+    assert output[:-1] == [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": t}]}
+                           for t in ("first", "second")]
+    # replayed as the next input, the ciphertext is billed as opaque text
+    nxt = client.responses.create(model="gpt-4o", input=output)
+    assert nxt.usage.input_tokens == len(responses_prompt_token_ids({"input": output})) \
+        > len(tokens(compaction.encrypted_content))
+
+
+def test_responses_reasoning_item(client: openai.OpenAI) -> None:
+    r = client.responses.create(model="gpt-4o", input="think", reasoning={"effort": "low"},
+                                include=["reasoning.encrypted_content"])
+    assert [o.type for o in r.output] == ["reasoning", "message"] and r.reasoning.effort == "low"
+    reasoning = ResponseReasoningItem.model_validate(r.output[0].model_dump())
+    assert reasoning.id.startswith("rs_") and reasoning.encrypted_content
+    plain = client.responses.create(model="gpt-4o", input="think", reasoning={"effort": "low"})
+    assert plain.output[0].encrypted_content is None
+    assert client.responses.create(model="gpt-4o", input="think").output[0].type == "message"
+    # sent back, the ciphertext is part of the prompt
+    items = [{"role": "user", "content": "think"}, r.output[0].model_dump(exclude_none=True)]
+    billed = client.responses.input_tokens.count(model="gpt-4o", input=items).input_tokens
+    assert billed >= len(tokens(reasoning.encrypted_content)) + len(responses_prompt_token_ids({"input": "think"}))
+
+
+def test_responses_rendering_rules() -> None:
+    """Per-item chunks; ids/status are not prompt text; function calls render as chat renders them."""
+    assert responses_prompt_token_ids({"input": "hi"}) == prompt_token_ids(
+        {"messages": [{"role": "user", "content": "hi"}]})
+    sent = {"id": "msg_1", "type": "message", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": "yes", "annotations": []}]}
+    assert render_item(sent) == render_item({"role": "assistant", "content": "yes"})
+    call = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": "{}"}
+    assert render_item(call) == render_message({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
+    output = {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "ok"}]}
+    assert render_item(output) == render_message({"role": "tool", "tool_call_id": "c1", "content": "ok"})
+    custom = {"type": "custom_tool_call", "call_id": "c2", "name": "patch", "input": "*** diff"}
+    assert render_item(custom) == "<|assistant|>\n\n<custom_tool_call id=c2>patch\n*** diff<|end|>\n"
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "s"}],
+                 "encrypted_content": "gAAA"}
+    assert render_item(reasoning) == "<|reasoning|>\ns\n<encrypted>gAAA<|end|>\n"
+    other = {"type": "web_search_call", "status": "completed", "id": "ws_1"}
+    assert render_item(other) == ('<|web_search_call|>\n{"id": "ws_1", "status": "completed", '
+                                  '"type": "web_search_call"}<|end|>\n')
+    body = {"instructions": "sys", "tools": [RESPONSES_TOOL], "input": [sent, call, output]}
+    assert responses_prompt_chunks(body) == [
+        tokens(render_message({"role": "system", "content": "sys"})),
+        tokens("<|tools|>" + json.dumps([RESPONSES_TOOL])),
+        tokens(render_item(sent)), tokens(render_item(call)), tokens(render_item(output))]
+    assert responses_prompt_chunks({"input": [call]}, history=[sent]) == responses_prompt_chunks(
+        {"input": [sent, call]})
 
 
 def test_raw_bytes_echo_404_and_validation(upstream: MockUpstream) -> None:
@@ -367,6 +625,9 @@ def test_mock_imports_no_proxy_code() -> None:
                     "tools": [{"type": "function", "function": {"name": "f"}}]}
             r = httpx.post(m.base_url + "/chat/completions", json=body)
             assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(mu.prompt_token_ids(body))
+            body = {"model": "gpt-4o", "input": "hi", "stream": True}
+            r = httpx.post(m.base_url + "/responses", json=body)
+            assert r.status_code == 200 and "response.completed" in r.text
         print(",".join(sorted(n for n in sys.modules if n == "proxy" or n.startswith("proxy."))))
     """)
     env = {**os.environ, "PYTHONPATH": os.path.dirname(tests_dir)}
