@@ -49,7 +49,7 @@ async def measure_config(name: str, extra: dict[str, Any], mock_url: str, histor
 
     async def drain() -> None:  # the proxy's deferred accounting write, counted in its request
         if not reference:
-            await asgi.app.state.proxy.accounting.accountant.drain()
+            await asgi.app.state.proxy.accounting.drain()
 
     path = "/v1/chat/completions"
     rows: list[dict[str, Any]] = []
