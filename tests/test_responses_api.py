@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import httpx
 import openai
@@ -241,3 +242,56 @@ def test_the_agents_sdk_runs_a_tool_loop_through_the_proxy(proxy, upstream):
     assert HANDLE.search(json.dumps(responses_calls[1].json["input"]).replace('\\"', '"'))  # offloaded
     rows = sessions(proxy, want=2)
     assert len(rows) == 1 and rows[0]["requests"] == 2
+
+
+NATIVE = Path(__file__).resolve().parents[2] / "shared" / "traces-native"
+
+
+def _codex_session() -> dict:
+    path = NATIVE / "01_codex_moonmind_gpt-5-codex_019a7ae6.json"
+    if not path.exists():  # the corpus lives beside the repository; the test needs one real session
+        pytest.fail(f"the Codex session {path} is missing")
+    return json.loads(path.read_text())
+
+
+def _summary_or_ok(body: dict) -> str:
+    """The summarizer's answer when the proxy asks for one (its instruction is the last input item), else "ok"."""
+    last = json.dumps(body.get("input", [])[-1:])
+    if "compacting it" not in last and "<transcript>" not in last:
+        return "ok"
+    from proxy.rewrite.compress.summarizer import SECTIONS
+    return "\n".join(f"## {s}\n- the agent worked on the MoonMind repository, step {i}" for i, s in enumerate(SECTIONS))
+
+
+def test_a_long_codex_session_is_compacted_without_splitting_calls_from_outputs(upstream, tmp_path):
+    session = _codex_session()
+    items, model = session["items"], "codex-test-32k"
+    s = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db", models={model: {"context_window": 32000}},
+                      defaults={"compress": {"precompute": None}})
+    upstream.script(*[_summary_or_ok] * 400)
+    compacted, sessions_seen = [], set()
+    with ProxyServer(s) as p:
+        cuts = [i + 1 for i, it in enumerate(items) if it.get("type") in ("function_call_output",
+                                                                          "custom_tool_call_output")]
+        for k in cuts[:60]:
+            r = post(p, {"model": model, "input": items[:k], "tools": session["tools"], "store": False,
+                         "include": ["reasoning.encrypted_content"], "prompt_cache_key": "codex-conv-1"})
+            assert r.status_code == 200, r.text
+            sessions_seen.add(r.headers["x-ctxproxy-session"])
+            if "x-ctxproxy-compacted" in r.headers:
+                compacted.append(r.headers["x-ctxproxy-compacted"])
+    assert "summary" in compacted
+    agent = [rq for rq in upstream.requests if rq.path == "/v1/responses" and rq.json.get("tools")]
+    for rq in agent:
+        seen: set[str] = set()
+        for it in rq.json["input"]:
+            if it.get("type") in ("function_call", "custom_tool_call"):
+                seen.add(it["call_id"])
+            elif it.get("type") in ("function_call_output", "custom_tool_call_output"):
+                assert it["call_id"] in seen, "an output was separated from its call"
+    summaries = [rq for rq in upstream.requests if "compacting it" in json.dumps(rq.json.get("input", [])[-1:])]
+    assert summaries and all(rq.path == "/v1/responses" and "temperature" not in rq.json for rq in summaries)
+    last = agent[-1].json["input"]
+    kept_reasoning = [it for it in last if it.get("type") == "reasoning"]
+    assert all(it in items for it in kept_reasoning)  # encrypted reasoning kept verbatim where it is kept at all
+    assert len(sessions_seen) == 1  # one conversation id: one session, whatever the turns carry

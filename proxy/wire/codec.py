@@ -163,6 +163,10 @@ class Codec(Protocol):
         """A deterministic (temperature 0) request: `items`, then `extra` fields (cache routing), then tools."""
         ...
 
+    def prefix_fields(self, body: Body) -> dict[str, Any]:
+        """Top-level fields that are part of the cached prompt prefix (Responses' `instructions`)."""
+        ...
+
     def reply_text(self, data: Any) -> str | None:
         """The text of a non-streamed reply: "" if it has none (a tool call), None if it is not a reply."""
         ...

@@ -21,25 +21,36 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
+from proxy.logs import event
 from proxy.lru import LRU
-from proxy.store.archive import SECONDS_PER_DAY, Archive, content_handle
+from proxy.rewrite.cache_hints import cache_fields
+from proxy.rewrite.compress.history import Message, chain, head_end, identifiers, repair_pairing, tail_start, text_of
+from proxy.rewrite.compress.precompute import Precomputer
 from proxy.rewrite.compress.record import PREFIX_CACHE, CompactionLog, View, replay
-from proxy.wire.conversation import Conversation, RequestContext
+from proxy.rewrite.compress.summarizer import (
+    IN_PLACE_PROMPT,
+    SECTIONS,
+    CachedPrefix,
+    SummarizerDeclined,
+    SummarizerError,
+    SummarizerTarget,
+    SummaryRejected,
+    render,
+    summarize,
+    summarize_cached,
+    summary_problem,
+)
+from proxy.rewrite.context_read.tool import read_tool_name
+from proxy.rewrite.context_read.transform import has_placeholders, tools_as_sent
 from proxy.rewrite.events import Compacted, CompactionInEffect, HistoryElsewhere
 from proxy.rewrite.marks import PLACEHOLDER_MARK, SUMMARY_OPEN
-from proxy.rewrite.compress.history import chain, head_end, identifiers, repair_pairing, tail_start, text_of
-from proxy.logs import event
 from proxy.rewrite.preview import read_call
-from proxy.rewrite.context_read.tool import read_tool_name
 from proxy.rewrite.settings import CompressSettings, Peers
-from proxy.wire.codec import Codec, call_names
+from proxy.store.archive import SECONDS_PER_DAY, Archive, content_handle
 from proxy.store.lease import renewed
-from proxy.rewrite.cache_hints import cache_fields
-from proxy.rewrite.compress.precompute import Precomputer
-from proxy.rewrite.context_read.transform import has_placeholders, tools_as_sent
-from proxy.rewrite.compress.summarizer import (IN_PLACE_PROMPT, SECTIONS, CachedPrefix, SummarizerDeclined, SummarizerError,
-                              SummarizerTarget, SummaryRejected, render, summarize, summarize_cached, summary_problem)
 from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
+from proxy.wire.codec import Codec, call_names
+from proxy.wire.conversation import Conversation, RequestContext
 
 _LOCK_POLL = 0.1  # seconds between checks while another request of the session compacts
 # The session's compaction lock has a short lease, renewed while its holder works
@@ -108,15 +119,16 @@ class Compress:
             conv.events.append(CompactionInEffect(view.version, view.kept))
         return conv
 
-    async def _replayed(self, conv: Conversation, log: CompactionLog, raw: list, digests: list,
-                        counts: list) -> View:
+    async def _replayed(self, conv: Conversation, log: CompactionLog, raw: list[Message], digests: list[bytes],
+                        counts: list[int]) -> View:
         record = await log.latest(self._prefixes)
         # the same prefix objects every request (cached in self._prefixes): counted once, then looked up
         prefix_counts = conv.counts(record.prefix) if record else None
         return replay(record, raw, digests, counts, prefix_counts)
 
-    async def _compact_locked(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, raw: list,
-                              digests: list, counts: list, view: View, fixed: int) -> View:
+    async def _compact_locked(self, conv: Conversation, ctx: RequestContext, log: CompactionLog,
+                              raw: list[Message], digests: list[bytes], counts: list[int], view: View,
+                              fixed: int) -> View:
         s = self.settings
         token = await ctx.store.acquire_lock(log.lock_name, LOCK_LEASE_S)
         # Another request of this session is compacting: wait for its result. A live holder renews
@@ -161,8 +173,9 @@ class Compress:
             return None
         archive = Archive(ctx.store, ctx.tenant, s.retention_days, ctx.archive_quota)
         tool = read_tool_name(conv)
-        with_tail = lambda head, counts_head: View(head + msgs[t:], counts_head + counts[t:], len(head),  # noqa: E731
-                                                   view.raw_index(t), view.version)
+
+        def with_tail(head: list[Message], counts_head: list[int]) -> View:
+            return View(head + msgs[t:], counts_head + counts[t:], len(head), view.raw_index(t), view.version)
 
         cleared, cleared_counts, n = await self._clear(wire, msgs[:t], counts[:t], h, archive, tool, model)
         layer1 = with_tail(cleared, cleared_counts)
@@ -234,10 +247,10 @@ class Compress:
         if sum(view.counts[:t]) + default_counter.count_tools(tools, model) + instruction + REPLY_PRIMING_TOKENS \
                 + summary_tokens(s, ctx.window) > ctx.window:
             return None
-        return CachedPrefix(view.messages[:t], tools, cache_fields(self.peers.cache_hints, conv.body, ctx))
+        return CachedPrefix(view.messages[:t], tools, {**conv.wire.prefix_fields(conv.body), **cache_fields(self.peers.cache_hints, conv.body, ctx)})
 
-    async def _clear(self, wire: Codec, msgs: list, counts: list, h: int, archive: Archive, tool: str,
-                     model: Any) -> tuple[list, list, int]:
+    async def _clear(self, wire: Codec, msgs: list[Message], counts: list[int], h: int, archive: Archive, tool: str,
+                     model: Any) -> tuple[list[Message], list[int], int]:
         names = call_names(wire, msgs)
         out, out_counts, n = list(msgs), list(counts), 0
         for i in range(h, len(msgs)):
@@ -258,7 +271,7 @@ class Compress:
         return out, out_counts, n
 
     async def summary_for(self, conv: Conversation, ctx: RequestContext, archive: Archive, h: int, t: int,
-                          view: View, tool: str) -> tuple[dict[str, Any], list, str]:
+                          view: View, tool: str) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
         """The summary message for view.messages[h:t], the usage of its calls and its handle.
 
         Reused verbatim if this span was summarized before (by a precompute too).
@@ -289,10 +302,11 @@ class Compress:
         if problem is not None:
             raise SummaryRejected(problem, usage)
         await archive.put_text(handle, full)
-        ids, budget = [], ctx.window * s.identifiers_max_share
+        ids: list[str] = []
+        ids_budget = ctx.window * s.identifiers_max_share
         for ident in identifiers(wire, span, s.identifiers_cap):
-            budget -= default_counter.count_text(ident, model) + 1
-            if budget < 0:
+            ids_budget -= default_counter.count_text(ident, model) + 1
+            if ids_budget < 0:
                 break
             ids.append(ident)
         listing = "\n## Identifiers (verbatim from the compacted messages)\n" + "\n".join(ids) if ids else ""

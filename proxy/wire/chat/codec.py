@@ -166,6 +166,9 @@ class ChatCompletions:
         body["max_tokens"] = max_output
         return body
 
+    def prefix_fields(self, body: Body) -> dict[str, Any]:
+        return {}  # the system prompt is a message
+
     def reply_text(self, data: Any) -> str | None:
         try:
             text = data["choices"][0]["message"]["content"]

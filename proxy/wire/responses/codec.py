@@ -203,8 +203,12 @@ class Responses:
         body: Body = {"model": model, "input": items, **extra}
         if tools:
             body["tools"] = tools
-        body.update(temperature=0, max_output_tokens=max_output, store=False)
+        # No temperature: the reasoning models this API serves reject it; the output budget and nothing stored.
+        body.update(max_output_tokens=max_output, store=False)
         return body
+
+    def prefix_fields(self, body: Body) -> dict[str, Any]:
+        return {k: body[k] for k in ("instructions",) if body.get(k) is not None}
 
     def reply_text(self, data: Any) -> str | None:
         output = data.get("output") if isinstance(data, dict) else None
