@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from itertools import repeat
 from typing import Any
 
-from proxy.wire.codec import Codec, Item
-from proxy.wire.conversation import Conversation
 from proxy.accounting.figures import Figures, client_tools, handle_in
 from proxy.accounting.prefix_check import Trace
 from proxy.tokens.counter import default_counter, message_digest
+from proxy.wire.codec import Codec, Item
+from proxy.wire.conversation import Conversation
 
 DIGEST_HEX = 16  # hex characters of a message digest kept per message (64 bits)
 _ROLE_CODES = {"system": "s", "developer": "d", "user": "u", "assistant": "a", "tool": "t", "function": "f"}
@@ -98,7 +98,7 @@ def new_texts(conv: Conversation, trace: Trace, figures: Figures, previous: Trac
     the read-back answers, each keyed by its digest.
     """
     seen = set(previous.sent) if previous is not None else set()
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Any] = {}
     unmarked = conv.unmarked
     for seg in figures.segments:
         if seg[0] == "p" and trace.sent[seg[1]] not in seen:

@@ -199,10 +199,12 @@ async def stream(send: Send, first: httpx.Response, url: str, rounds: Rounds) ->
                 yield b"".join(out)
         if terminal is None:
             raise StreamCutShort("the provider closed the stream before response.completed")
-        response = terminal.get("response") if isinstance(terminal.get("response"), dict) else {}
+        found = terminal.get("response")
+        response: dict[str, Any] = found if isinstance(found, dict) else {}
         if ours and len(ours) == calls and not rounds.last and terminal["type"] == "response.completed":
             rounds.add_own(parse_usage(response.get("usage")))
-            output = response.get("output") if isinstance(response.get("output"), list) else ours
+            listed = response.get("output")
+            output: list[Any] = listed if isinstance(listed, list) else ours
             resp = await send(await rounds.next_body(response.get("id"), output, ours))
             continue
         if rounds.done or ours:
