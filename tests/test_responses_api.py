@@ -295,3 +295,27 @@ def test_a_long_codex_session_is_compacted_without_splitting_calls_from_outputs(
     kept_reasoning = [it for it in last if it.get("type") == "reasoning"]
     assert all(it in items for it in kept_reasoning)  # encrypted reasoning kept verbatim where it is kept at all
     assert len(sessions_seen) == 1  # one conversation id: one session, whatever the turns carry
+
+
+def test_a_codex_shaped_request_keeps_custom_tools_and_its_cache_key(proxy, upstream):
+    """What Codex sends: store false, encrypted reasoning asked back, a custom (freeform) tool, its conversation
+    id as prompt_cache_key; a big custom tool output is offloaded like a function's."""
+    tools = [*TOOLS, {"type": "custom", "name": "apply_patch", "description": "Apply a patch",
+                      "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/s"}}]
+    items = [*codex_input("ok")[:5],
+             {"type": "custom_tool_call", "status": "completed", "call_id": "call_2", "name": "apply_patch",
+              "input": "*** Begin Patch\n*** End Patch"},
+             {"type": "custom_tool_call_output", "call_id": "call_2", "output": big_log()}]
+    body = {"model": "gpt-5-codex", "instructions": "You are Codex.", "input": items, "tools": tools,
+            "tool_choice": "auto", "parallel_tool_calls": False, "reasoning": {"effort": "medium"},
+            "store": False, "stream": True, "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "0199a7ae-conv"}
+    with httpx.stream("POST", proxy.url + "/v1/responses", content=orjson.dumps(body), timeout=30,
+                      headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"}) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "response.completed"
+    up = sent(upstream)
+    assert up["instructions"] == "You are Codex." and up["prompt_cache_key"] == "0199a7ae-conv"
+    assert up["tools"][:2] == tools and up["include"] == ["reasoning.encrypted_content"]
+    assert up["input"][5] == items[5] and HANDLE.search(up["input"][6]["output"])
