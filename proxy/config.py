@@ -16,7 +16,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -24,6 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from proxy.errors import ConfigError
 from proxy.rewrite.settings import SECTION_MODELS
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 RENAMED_SECTIONS = {"cache": "cache_hints"}  # old section name -> current; the old one still reads
 
@@ -202,7 +205,7 @@ def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, A
     return out
 
 
-def _where(prefix: str, err: dict[str, Any]) -> str:
+def _where(prefix: str, err: ErrorDetails) -> str:
     parts = [prefix] if prefix else []
     for p in err["loc"]:
         if isinstance(p, int):

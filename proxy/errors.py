@@ -35,7 +35,8 @@ class ProxyError(Exception):
         return error_body(self.message, self.type, self.code, self.param)
 
     def to_dict(self) -> dict[str, Any]:
-        return orjson.loads(self.body())
+        out: dict[str, Any] = orjson.loads(self.body())
+        return out
 
 
 class BadRequest(ProxyError):

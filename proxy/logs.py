@@ -48,6 +48,6 @@ def setup_logging(level: str = "info") -> None:
         lg.propagate = False
 
 
-def event(msg: str, level: int = logging.INFO, **fields: Any) -> None:
+def event(msg: str, level: int = logging.INFO, /, **fields: object) -> None:
     if log.isEnabledFor(level):
         log.log(level, msg, extra={"fields": fields})

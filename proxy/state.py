@@ -39,4 +39,5 @@ class ProxyState:
 
 
 def state_of(request: Request) -> ProxyState:
-    return request.app.state.proxy
+    state: ProxyState = request.app.state.proxy
+    return state

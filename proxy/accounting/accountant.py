@@ -37,7 +37,7 @@ from proxy.accounting.usage import Usage, parse_usage
 from proxy.store.keys import session_key, tenant_key
 
 if TYPE_CHECKING:
-    from proxy.wire.chat.rounds import Rounds
+    from proxy.wire.codec import ReadRounds as Rounds
 
 HOUR = 3600
 TIMELINE_MAX = 500  # requests kept per session timeline
@@ -135,7 +135,7 @@ class Accountant:
         self.store, self.metrics, self.log_content = store, metrics, log_content
         self._traces: LRU[tuple[str, str], Trace] = LRU(_TRACES_CACHED)
         self._batch = _Batch()
-        self._flusher: asyncio.Task | None = None
+        self._flusher: asyncio.Task[None] | None = None
         self._writing = asyncio.Lock()
         self._gathering = False  # the flusher is waiting for its batch to fill
         self._firsts_written: set[str] = set()

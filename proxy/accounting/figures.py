@@ -30,7 +30,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress, count, islice
-from typing import Any
+from typing import Any, Literal
 
 from proxy.rewrite.events import Compacted, Degraded, Offloaded
 from proxy.wire.conversation import Conversation
@@ -52,7 +52,7 @@ _INSERTED = frozenset({STATUS, SYNTHETIC})  # written beside the client's messag
 #   ("c", start, stop)                 client messages [start, stop) sent as they were
 #   ("p", pos, kind, start, stop)      sent message `pos`, written by the proxy, in place of client [start, stop)
 #   ("x", start, stop)                 client messages [start, stop) the proxy left out, replaced by nothing
-Segment = tuple
+Segment = tuple[Literal["c", "x"], int, int] | tuple[Literal["p"], int, str, int, int]
 
 
 def kind_of(wire: Codec, message: Item) -> str:
@@ -192,7 +192,8 @@ def measure(conv: Conversation, trace: Trace) -> Figures:
     client_tool_tokens = default_counter.count_tools(client_tools(conv), conv.model)
     segments = align(conv.wire, trace.raw, trace.sent, sent_messages)
     saved = {"offload": 0, "compress": 0, "added": 0}
-    placeholders, given = 0, {}
+    placeholders = 0
+    given: dict[str, None] = {}  # handles in order, distinct
     for seg in segments:
         if seg[0] == "p":
             _, pos, kind, start, stop = seg

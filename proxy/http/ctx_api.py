@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -133,7 +134,7 @@ async def get_request(request: Request) -> Response:
                   **inspector.expand(rec, texts)})
 
 
-async def _inspect_record(store: Store, tenant: str, session: str, request_id: str, at: int) -> dict | None:
+async def _inspect_record(store: Store, tenant: str, session: str, request_id: str, at: int) -> dict[str, Any] | None:
     """A request's inspector record: at the position its timeline entry has counting from the newest (both
     logs are appended together), else looked up by id."""
     key = inspect_key(tenant, session)
@@ -141,9 +142,9 @@ async def _inspect_record(store: Store, tenant: str, session: str, request_id: s
     return found if found is not None else _with_id(await store.read_log(key), request_id)
 
 
-def _with_id(raws: list[bytes], request_id: str) -> dict | None:
+def _with_id(raws: list[bytes], request_id: str) -> dict[str, Any] | None:
     for raw in raws:
-        rec = orjson.loads(raw)
+        rec: dict[str, Any] = orjson.loads(raw)
         if rec.get("id") == request_id:
             return rec
     return None

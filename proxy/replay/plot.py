@@ -41,11 +41,11 @@ def plot(path: str | Path, no_proxy: Series, ctxproxy: Series, window: int, sepa
 
 
 def _matplotlib(path: Path, a: Series, b: Series, window: int, separators: Sequence[int], title: str) -> None:
-    import matplotlib
+    import matplotlib  # type: ignore[import-not-found, unused-ignore]  # optional, not a dependency
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]  # optional
+    from matplotlib.ticker import MaxNLocator  # type: ignore[import-not-found, unused-ignore]  # optional
 
     xs = list(range(1, len(a) + 1))
     fig, ax = plt.subplots(figsize=(9.6, 4.8), dpi=100)
@@ -187,11 +187,11 @@ def chart_png(no_proxy: Series, ctxproxy: Series, window: int, separators: Seque
     c.line(x0, py(window), x1, py(window), GREY, 2, dash=8)
     for series, colour in ((no_proxy, RED), (ctxproxy, BLUE)):
         prev = None
-        for i, v in enumerate(series, 1):
-            if v is None:
+        for i, value in enumerate(series, 1):
+            if value is None:
                 prev = None
                 continue
-            point = (px(i), py(v))
+            point = (px(i), py(value))
             if prev is not None:
                 c.line(*prev, *point, colour, 2)
             c.rect(point[0] - 2, point[1] - 2, point[0] + 2, point[1] + 2, colour)

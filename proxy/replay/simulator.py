@@ -53,7 +53,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -456,7 +456,7 @@ class Simulator:
     async def _chat(self, request: Request) -> Response:
         raw = await request.body()
         try:
-            body = json.loads(raw) if raw else None
+            body: Any = json.loads(raw) if raw else None
         except ValueError:
             return _json(400, error_body("We could not parse the JSON body of your request. (ctxproxy simulator)"))
         status, out = self.complete(body, request.headers.get("authorization", ""))
@@ -504,7 +504,7 @@ async def _sse(done: dict[str, Any], include_usage: bool):  # type: ignore[no-un
 class ThreadedServer:
     """Serve an ASGI app with uvicorn on a free 127.0.0.1 port in a daemon thread: ``with ThreadedServer(app) as s``."""
 
-    def __init__(self, app: Any, *, lifespan: str = "auto", name: str = "server") -> None:
+    def __init__(self, app: Any, *, lifespan: Literal["auto", "on", "off"] = "auto", name: str = "server") -> None:
         self.app, self.lifespan, self.name = app, lifespan, name
         self.url = ""
         self._server: Any = None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from fnmatch import fnmatchcase
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
@@ -26,13 +26,14 @@ from proxy.rewrite.compress.history import system_end
 from proxy.rewrite.events import CompactionInEffect
 from proxy.rewrite.settings import CacheHintsSettings, Peers
 from proxy.rewrite.status_bar.trajectory import is_status
+from proxy.wire.codec import BreakpointStyle
 from proxy.wire.conversation import Conversation, RequestContext
 
 
 def cache_fields(settings: CacheHintsSettings | None, body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
     """The cache-routing fields the agent's requests carry (the client's own first): the proxy's
     summarizer sends the same ones so its call lands where the agent's prefix is cached."""
-    out = {k: body[k] for k in ("prompt_cache_key", "prompt_cache_retention") if k in body}
+    out: dict[str, Any] = {k: body[k] for k in ("prompt_cache_key", "prompt_cache_retention") if k in body}
     if settings is None or not settings.enabled:
         return out
     mode = settings.prompt_cache_key
@@ -53,7 +54,7 @@ class CacheHints:
     def __init__(self, settings: CacheHintsSettings, peers: Peers) -> None:
         self.settings = settings
 
-    def style(self, ctx: RequestContext) -> str:
+    def style(self, ctx: RequestContext) -> BreakpointStyle | Literal["none"]:
         s = self.settings
         if s.breakpoints != "auto":
             return s.breakpoints
@@ -75,7 +76,7 @@ class CacheHints:
             self._mark(conv, style)
         return conv
 
-    def _mark(self, conv: Conversation, style: str) -> None:
+    def _mark(self, conv: Conversation, style: BreakpointStyle) -> None:
         msgs, wire = conv.messages, conv.wire
         budget = self.settings.max_breakpoints - sum(1 for m in msgs if wire.has_breakpoint(m))
         end = len(msgs) - 1

@@ -213,8 +213,9 @@ class Offload:
             for j in list(compress(count(), map(operator.is_, known, repeat(None)))):
                 known[j] = fetched.get(handles[j])
             for h in missing:
-                if fetched.get(h) is not None:
-                    self._remember(tenant, h, fetched[h])
+                decision = fetched.get(h)
+                if decision is not None:
+                    self._remember(tenant, h, decision)
         return known
 
     async def _decide(self, archive: Archive, conv: Conversation, message: Item, handle: str, text: str,

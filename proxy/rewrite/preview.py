@@ -11,7 +11,7 @@ splitting the whole text, so ten million short lines cost what one long one does
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -87,7 +87,7 @@ def build_placeholder(text: str, *, what: str, handle: str, tool: str, tokens: i
 
 
 def _render(lines: Lines[str], size: int, what: str, handle: str, tool: str, tokens: str,
-            head: int, tail: int, chars: int, found: list[tuple[int, int, int]] = (), errs: int = 0) -> str:
+            head: int, tail: int, chars: int, found: Sequence[tuple[int, int, int]] = (), errs: int = 0) -> str:
     n = max(lines.count, 1)  # an empty text is one empty line
     first = lines.head(head) if lines.count else [(0, 0)][:head]
     shown_last = max(0, min(tail, n - head))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -29,6 +30,10 @@ RETRY_BACKOFF_BASE_S = 0.01
 RETRY_BACKOFF_CAP_S = 0.1
 # Keys the server examines per SCAN round trip.
 SCAN_COUNT = 500
+# redis-py types every reply as `bytes | str` whatever the client's decode_responses; this
+# client always has decode_responses=False (checked in RedisStore.__init__), so replies are
+# bytes and are cast to that where they are returned.
+
 # Characters special in a SCAN MATCH pattern, escaped so a prefix matches literally.
 GLOB_SPECIALS = "\\*?[]"
 
@@ -148,7 +153,7 @@ class RedisStore(SharedOpsMixin):
 
     async def get(self, key: str) -> bytes | None:
         with self._errors("get"):
-            return await self._client.get(self._k(_BLOB, key))
+            return cast("bytes | None", await self._client.get(self._k(_BLOB, key)))
 
     async def put(self, key: str, value: bytes, ttl: float | None = None) -> None:
         ttl = check_ttl(ttl)
@@ -167,7 +172,7 @@ class RedisStore(SharedOpsMixin):
         if not keys:
             return []
         with self._errors("get_many"):
-            return list(await self._client.mget([self._k(_BLOB, k) for k in keys]))
+            return list(cast("list[bytes | None]", await self._client.mget([self._k(_BLOB, k) for k in keys])))
 
     async def delete(self, key: str) -> None:
         with self._errors("delete"):
@@ -255,26 +260,26 @@ class RedisStore(SharedOpsMixin):
 
     async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
         with self._errors("read_log"):
-            return list(await self._client.lrange(self._k(_LOG, key), start, end))
+            return list(cast("list[bytes]", await self._client.lrange(self._k(_LOG, key), start, end)))
 
     # ---- locks ----------------------------------------------------------------
 
     async def acquire_lock(self, name: str, lease: float) -> str | None:
-        lease = check_ttl(lease)
+        lease = cast(float, check_ttl(lease))  # a float lease checks to a float
         token = new_lock_token()
         with self._errors("acquire_lock"):
             won = await self._client.set(self._k(_LOCK, name), token.encode(), nx=True, px=ttl_ms(lease))
         return token if won else None
 
     async def renew_lock(self, name: str, token: str, lease: float) -> bool:
-        lease = check_ttl(lease)
+        lease = cast(float, check_ttl(lease))  # a float lease checks to a float
         with self._errors("renew_lock"):
-            done = await self._renew(keys=[self._k(_LOCK, name)], args=[token.encode(), ttl_ms(lease)])
+            done: int = await self._renew(keys=[self._k(_LOCK, name)], args=[token.encode(), ttl_ms(lease)])
         return done == 1
 
     async def release_lock(self, name: str, token: str) -> bool:
         with self._errors("release_lock"):
-            done = await self._release(keys=[self._k(_LOCK, name)], args=[token.encode()])
+            done: int = await self._release(keys=[self._k(_LOCK, name)], args=[token.encode()])
         return done == 1
 
     # ---- lifecycle ------------------------------------------------------------
@@ -294,7 +299,7 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in GLOB_SPECIALS else ch for ch in text)
 
 
-def _parse_number(raw: bytes | float | int) -> int | float:
+def _parse_number(raw: bytes | str | float | int) -> int | float:
     """Counter text from Redis ("3", "2.5") as int when integral, else float."""
     if isinstance(raw, (int, float)):
         return as_number(raw)

@@ -372,7 +372,8 @@ def _transaction(conn: sqlite3.Connection, begin: str) -> Iterator[None]:
 
 def _live_log_meta(conn: sqlite3.Connection, p: Params, clear_expired: bool = True) -> tuple[int, float | None] | None:
     """``(next_seq, expires_at)`` of a live log; an expired one is dropped when ``clear_expired``."""
-    row = conn.execute("SELECT next_seq, expires_at FROM log_meta WHERE key = :key", p).fetchone()
+    row: tuple[int, float | None] | None = conn.execute(
+        "SELECT next_seq, expires_at FROM log_meta WHERE key = :key", p).fetchone()
     if row is None or row[1] is None or row[1] > p["now"]:
         return row
     if clear_expired:

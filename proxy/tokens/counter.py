@@ -190,7 +190,7 @@ class TokenCounter:
     """
 
     def __init__(self, capacity: int = CACHE_CAPACITY) -> None:
-        self._cache = LockedLRU(capacity)
+        self._cache: LockedLRU[tuple[str, bytes], int] = LockedLRU(capacity)
         self.hits = 0
         self.misses = 0
 

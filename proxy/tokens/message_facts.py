@@ -79,7 +79,7 @@ class MessageFacts:
     def __init__(self, client: list[Message], model: Callable[[], str | None]) -> None:
         self.client = client
         self._model = model
-        self._digests: dict[int, bytes] = {}
+        self._digests: dict[int, bytes | None] = {}  # None: given to learn() without a digest
         self._counts: dict[int, int | None] = {}
         self._alive: list[Any] = [client]
         # Whole lists answered before: (their objects, digests or None, counts or None), newest first.
@@ -198,10 +198,11 @@ class MessageFacts:
     def _whole(self, n: int, slot: int, compute: Callable[[Sequence[Message]], list[Any]]) -> list[Any]:
         """Slot 1 (digests) or 2 (counts) of remembered list n, computed once (the memo's prefix reused)."""
         entry = self._lists[n]
-        whole = entry[slot]
+        whole: list[Any] | None = entry[1] if slot == 1 else entry[2]
         if whole is None:
             objs = entry[0]
-            known = self._prefix[slot] if self._prefix is not None and objs is self._prefix[0] else None
+            prefix = self._prefix
+            known = (prefix[1] if slot == 1 else prefix[2]) if prefix is not None and objs is prefix[0] else None
             if known and all(known):
                 whole = known + compute(objs[len(known):])
             else:

@@ -63,7 +63,8 @@ def overflow_limit(content: bytes, sent_tokens: int) -> int | None:
     err = _error_of(content)
     if err is None:
         return None
-    message = err.get("message") if isinstance(err.get("message"), str) else ""
+    raw_message = err.get("message")
+    message = raw_message if isinstance(raw_message, str) else ""
     limit: int | None = None
     if err.get("code") in _CODES or err.get("type") in _TYPES:
         n_ctx = err.get("n_ctx")

@@ -24,6 +24,7 @@ from proxy.upstream.client import Upstream
 
 if TYPE_CHECKING:
     from proxy.rewrite.events import Event
+    from proxy.rewrite.status_bar.trajectory import StatusAnchor
     from proxy.tokens.session_memo import RequestMemo
 
 
@@ -62,7 +63,7 @@ class Conversation:
     read_tool: ReadTool | None = None
     client_messages: list[Item] = field(default_factory=list)  # as the client sent them
     unmarked: dict[int, Item] = field(default_factory=dict)  # sent items before cache markers were added
-    status_anchor: tuple[int, Any] | None = None  # the status bar's: where its earlier statuses stood
+    status_anchor: StatusAnchor | None = None  # the status bar's: where its earlier statuses stood
     memo: RequestMemo | None = None  # what the session's previous request left (proxy/tokens/session_memo.py)
     facts: MessageFacts = field(init=False, repr=False)
     _style: JsonStyle | None = field(default=None, init=False, repr=False)

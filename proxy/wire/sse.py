@@ -20,7 +20,7 @@ _FINISHED = re.compile(rb'"finish_reason":\s*"|"type":\s*"response\.completed"')
 
 def split_events(buffer: bytearray) -> list[bytes]:
     """Whole events (each ending in a blank line) taken off the front of the buffer."""
-    out = []
+    out: list[bytes] = []
     while True:
         i = buffer.find(b"\n\n")
         if i < 0:

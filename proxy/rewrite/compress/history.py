@@ -78,7 +78,7 @@ def tail_start(wire: Codec, messages: Sequence[Message], counts: Sequence[int], 
 def repair_pairing(wire: Codec, messages: list[Message]) -> list[Message]:
     """Every assistant tool call followed by its result (synthetic if missing); orphan results dropped."""
     out: list[Message] = []
-    pending: list[str] = []
+    pending: list[str | None] = []
 
     def close() -> None:
         out.extend(wire.result(cid, SYNTHETIC_RESULT) for cid in pending)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,12 +212,13 @@ async def _send(target: SummarizerTarget, items: list[Message], tools: list[Any]
     return text.strip(), w.raw_usage(data)
 
 
-async def summarize(target: SummarizerTarget, span: Sequence[Message], facts: Sequence[str] = ()) -> tuple[str, list]:
+async def summarize(target: SummarizerTarget, span: Sequence[Message],
+                    facts: Sequence[str] = ()) -> tuple[str, list[dict[str, Any]]]:
     """The model-written part of a summary and the usage of each call; raises SummarizerError."""
     transcript = fit_transcript(target.wire, span, target.max_input_tokens, target.model)
     wrapped = f"<transcript>\n{transcript}\n</transcript>"
 
-    async def run() -> tuple[str, list]:
+    async def run() -> tuple[str, list[dict[str, Any]]]:
         if not facts:
             text, usage = await _ask(target, SYSTEM_PROMPT, wrapped)
             return text, [usage]
@@ -228,13 +229,13 @@ async def summarize(target: SummarizerTarget, span: Sequence[Message], facts: Se
 
 
 async def summarize_cached(target: SummarizerTarget, prefix: CachedPrefix,
-                           facts: Sequence[str] = ()) -> tuple[str, list]:
+                           facts: Sequence[str] = ()) -> tuple[str, list[dict[str, Any]]]:
     """As `summarize`, in the cached shape: the agent's prefix plus one instruction; raises SummarizerError."""
     async def ask(instruction: str) -> tuple[str, dict[str, Any]]:
         return await _send(target, [*prefix.messages, target.wire.message("user", instruction)],
                            prefix.tools or None, prefix.extra)
 
-    async def run() -> tuple[str, list]:
+    async def run() -> tuple[str, list[dict[str, Any]]]:
         if not facts:
             text, usage = await ask(IN_PLACE_PROMPT)
             return text, [usage]
@@ -244,7 +245,8 @@ async def summarize_cached(target: SummarizerTarget, prefix: CachedPrefix,
     return await _bounded(run(), target.timeout)
 
 
-async def _bounded(work: Any, timeout: float) -> tuple[str, list]:
+async def _bounded(work: Awaitable[tuple[str, list[dict[str, Any]]]],
+                   timeout: float) -> tuple[str, list[dict[str, Any]]]:
     try:
         return await asyncio.wait_for(work, timeout)
     except asyncio.TimeoutError:

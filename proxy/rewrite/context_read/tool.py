@@ -111,7 +111,8 @@ def respond(text: str, args: dict[str, Any], max_chars: int, handle: str) -> str
 
 
 def _page(lines: Lines[str], offset: int, limit: int, max_chars: int, handle: str) -> str:
-    out, used, i = [], 0, offset
+    out: list[str] = []
+    used, i = 0, offset
     end = min(lines.count, offset + limit)
     pos = lines.start_of(offset) if offset < end else 0
     while i < end:

@@ -38,7 +38,7 @@ class TodoShape:
 @dataclass
 class Trajectory:
     turns: int = 0
-    calls: Counter = field(default_factory=Counter)
+    calls: Counter[str] = field(default_factory=Counter)
     last_tool: str | None = None  # the tool whose result came last
     last_call: str | None = None  # the tool called last
     last_error: bool = False

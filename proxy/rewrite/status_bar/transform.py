@@ -23,13 +23,13 @@ import orjson
 from pydantic import BaseModel
 
 from proxy.rewrite.events import CompactionInEffect, Offloaded, StatusAdded, StatusSkipped
+from proxy.rewrite.marks import STATUS_OPEN
 from proxy.rewrite.settings import Peers, StatusBarSettings
 from proxy.store.keys import session_key
 from proxy.wire.conversation import Conversation, RequestContext
 from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
 from proxy.tokens.session_memo import RequestMemo, without
-from proxy.rewrite.status_bar.trajectory import (STATUS_OPEN, Progress, StatusAnchor, Trajectory, is_status,
-                                                 looks_like_error)
+from proxy.rewrite.status_bar.trajectory import Progress, StatusAnchor, Trajectory, is_status, looks_like_error
 from proxy.lru import LRU
 
 _SESSIONS_CACHED = 1_000  # sessions whose recorded statuses are kept in process
@@ -71,7 +71,8 @@ class StatusBar:
         at: dict[int, dict[str, Any]] = {}
         for e in entries:
             at.setdefault(e["k"], e)
-        ks, statuses = [], []
+        ks: list[int] = []
+        statuses: list[Any] = []  # the codec's items
         for k in sorted(k for k in at if 1 <= k <= len(raw)):  # no Python step per message
             e = at[k]
             if e["prev"] == conv.digest(raw[k - 1]).hex()[:_PREV_HEX]:

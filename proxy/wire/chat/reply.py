@@ -137,7 +137,8 @@ def delta(chunk: Any) -> Delta | None:
 def provider_error(data: Any) -> dict[str, Any] | None:
     """The provider's own OpenAI-shaped `error` object, if that is what `data` is."""
     if isinstance(data, dict) and isinstance(data.get("error"), dict) and isinstance(data["error"].get("message"), str):
-        return data["error"]
+        error: dict[str, Any] = data["error"]
+        return error
     return None
 
 

@@ -24,7 +24,7 @@ _MAX_DEPTH = 254
 def parse_body(raw: bytes) -> dict[str, Any]:
     """Parse and check a chat-completions body, all but its messages' items."""
     try:
-        body = jsonio.loads(raw)  # orjson; integers beyond 64 bits kept exact
+        body: dict[str, Any] = jsonio.loads(raw)  # orjson; integers beyond 64 bits kept exact
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
     try:
@@ -94,7 +94,7 @@ def _messages_valid(messages: list[Any]) -> bool:
         return False
     if _types(map(get, messages, repeat("tool_call_id"))) - _TYPES_OPTIONAL_STR:
         return False
-    calls = list(map(get, messages, repeat("tool_calls")))
+    calls: list[Any] = list(map(get, messages, repeat("tool_calls")))
     if _types(calls) - _TYPES_OPTIONAL_LIST:
         return False
     calls = list(chain.from_iterable(_of_type(calls, list)))
