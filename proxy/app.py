@@ -11,18 +11,18 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.http.chat import chat_completions
 from proxy.config import Settings, load_settings
-from proxy.http import ctx_api
-from proxy.tokens.encodings import SHIPPED_ENCODINGS, ensure_encodings, get_encoding
 from proxy.errors import NotFound, ProxyError, error_body
-from proxy.logs import log
+from proxy.http import ctx_api
+from proxy.http.chat import chat_completions
 from proxy.http.passthrough import passthrough
-from proxy.http.responses import responses, responses_websocket
 from proxy.http.relay import JSON, error_response
+from proxy.http.responses import responses, responses_websocket
+from proxy.logs import log
 from proxy.state import ProxyState, state_of
 from proxy.store import open_store
 from proxy.store.guarded import GuardedStore
+from proxy.tokens.encodings import SHIPPED_ENCODINGS, ensure_encodings, get_encoding
 from proxy.upstream.client import Upstream
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

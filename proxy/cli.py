@@ -58,9 +58,9 @@ def _serve(settings: Settings) -> None:
     import uvicorn
 
     from proxy.app import create_app
-    from proxy.tokens.encodings import TokenizerUnavailable, ensure_encodings
-    from proxy.logs import event, setup_logging
     from proxy.http.server import uvicorn_options
+    from proxy.logs import event, setup_logging
+    from proxy.tokens.encodings import TokenizerUnavailable, ensure_encodings
 
     setup_logging(settings.logging.level)
     try:
@@ -154,12 +154,14 @@ def _fetch(client: Any, url: str, path: str, authed: bool) -> Any:
         body = r.json()
     except ValueError:
         body = None
-    message = body.get("error", {}).get("message") if isinstance(body, dict) and isinstance(body.get("error"), dict) else None
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
     if r.status_code == 401:
         raise _Failure("the proxy wants the admin token: pass --token or set CTXPROXY_ADMIN_TOKEN"
                        + (" (the one given was refused)" if authed else ""))
     if r.status_code >= 400:
-        raise _Failure(f"the proxy at {url} answered {r.status_code}: {message or r.text[:200].strip() or r.reason_phrase}")
+        said = message or r.text[:200].strip() or r.reason_phrase
+        raise _Failure(f"the proxy at {url} answered {r.status_code}: {said}")
     if body is None:
         raise _Failure(f"{url}{path} did not answer with JSON: is it a ctxproxy?")
     return body
@@ -228,11 +230,13 @@ def _session_lines(data: dict[str, Any]) -> list[str]:
            f"{_num(s.get('requests'))} requests, prompt {_num(s.get('prompt'))}, cached {_num(s.get('cached'))}, "
            f"breaks {_num(s.get('breaks'))}",
            f"offloads {_num(s.get('offloads'))}, compactions {_num(s.get('compactions'))}, tokens saved "
-           + (_saved(s) if "saved_tokens" in s else "-") + (f", read back {_read_back(s)}" if "handles_read" in s else ""),
+           + (_saved(s) if "saved_tokens" in s else "-")
+           + (f", read back {_read_back(s)}" if "handles_read" in s else ""),
            ""]
     rows = []
     for i, r in enumerate(data.get("requests") or [], 1):
-        status = str(r.get("status")) + (" stream" if r.get("stream") else "") + (" degraded" if r.get("degraded") else "")
+        status = (str(r.get("status")) + (" stream" if r.get("stream") else "")
+                  + (" degraded" if r.get("degraded") else ""))
         offl = f"{r.get('offloaded_new', 0)}/{r['offloaded']}" if r.get("offloaded") or r.get("offloaded_new") else "-"
         comp = r.get("compacted") or "-"
         cause = r.get("break") or (f"error: {r['error']}" if r.get("error") else "-")
@@ -274,7 +278,8 @@ def _client_span(rows: list[dict[str, Any]]) -> str:
     if len(rows) == 1:
         r = rows[0]
         return f"#{r['index']} ({r['role']}, {_num(r['tokens'])} tokens, {r['digest']})"
-    return f"#{rows[0]['index']}-#{rows[-1]['index']} ({len(rows)} messages, {_num(sum(r['tokens'] for r in rows))} tokens)"
+    tokens = _num(sum(r['tokens'] for r in rows))
+    return f"#{rows[0]['index']}-#{rows[-1]['index']} ({len(rows)} messages, {tokens} tokens)"
 
 
 def _request_lines(data: dict[str, Any]) -> list[str]:

@@ -265,7 +265,8 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
     defaults = _renamed(file.defaults)
     for name in defaults:
         if name not in models:
-            raise ConfigError(f"{source}: defaults.{name}: unknown section (known: {', '.join(sorted(models)) or 'none'})")
+            known = ", ".join(sorted(models)) or "none"
+            raise ConfigError(f"{source}: defaults.{name}: unknown section (known: {known})")
 
     routes: list[Route] = []
     route_files = list(file.routes)
@@ -275,7 +276,8 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
     for i, rf in enumerate(route_files):
         where = f"routes[{i}]"
         if not ROUTE_NAME.match(rf.name):
-            raise ConfigError(f"{source}: {where}.name: only letters, digits, '.', '_' and '-' allowed, got {rf.name!r}")
+            raise ConfigError(f"{source}: {where}.name: only letters, digits, '.', '_' and '-' allowed, "
+                              f"got {rf.name!r}")
         if rf.name in seen:
             raise ConfigError(f"{source}: {where}.name: duplicate route name {rf.name!r}")
         seen.add(rf.name)

@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from proxy.accounting.accountant import Accountant
-from proxy.config import Settings
-from proxy.upstream.learned_windows import LearnedWindows
 from proxy.accounting.metrics import Metrics
+from proxy.config import Settings
 from proxy.rewrite.pipeline import Transform, build_pipeline
-from proxy.tokens.session_memo import SessionMemo
 from proxy.store import Store
 from proxy.tokens.encodings import configure_model_encodings
+from proxy.tokens.session_memo import SessionMemo
 from proxy.upstream.client import Upstream
+from proxy.upstream.learned_windows import LearnedWindows
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 This is the mock's own implementation, written from how OpenAI documents
 prompt caching, and it imports nothing from ``proxy``: a test double that
-shared the product's code (``proxy/simulator.py`` simulates the same provider)
+shared the product's code (``proxy/replay/simulator.py`` simulates the same provider)
 would share its bugs, and the tests would agree with them.
 tests/test_mock_upstream.py checks that no ``proxy`` module is loaded.
 

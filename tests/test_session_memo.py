@@ -20,7 +20,8 @@ import pytest
 from proxy_server import ProxyServer, make_settings
 
 import proxy.rewrite.status_bar.transform as status_module
-from proxy.tokens.session_memo import SessionMemo, common_prefix, scalar_leaves
+from proxy.prefix import common_prefix
+from proxy.tokens.session_memo import SessionMemo, scalar_leaves
 from proxy.wire.chat.codec import CHAT
 from proxy.wire.conversation import Conversation
 

@@ -19,22 +19,22 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.lru import LRU
-from proxy.wire import jsonio
 from proxy.accounting import inspector
-from proxy.wire.conversation import Conversation, RequestContext
 from proxy.accounting.figures import Figures, measure
 from proxy.accounting.ledger import Ledger
-from proxy.rewrite.compress.history import system_end
-from proxy.rewrite.events import Compacted, CompactionInEffect
-from proxy.logs import event, log
 from proxy.accounting.metrics import Metrics
 from proxy.accounting.prefix_check import PrefixCheck, Trace, compare, expiry_cause
-from proxy.rewrite.context_read.rate import HandleCounts, ReadBack, read_back
-from proxy.store import Store, StoreError
-from proxy.tokens.counter import default_counter, message_digest
 from proxy.accounting.usage import Usage, parse_usage
+from proxy.logs import event, log
+from proxy.lru import LRU
+from proxy.rewrite.compress.history import system_end
+from proxy.rewrite.context_read.rate import HandleCounts, ReadBack, read_back
+from proxy.rewrite.events import Compacted, CompactionInEffect
+from proxy.store import Store, StoreError
 from proxy.store.keys import session_key, tenant_key
+from proxy.tokens.counter import default_counter, message_digest
+from proxy.wire import jsonio
+from proxy.wire.conversation import Conversation, RequestContext
 
 if TYPE_CHECKING:
     from proxy.wire.codec import ReadRounds as Rounds

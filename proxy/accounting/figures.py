@@ -25,19 +25,19 @@ accounting trace computed); it never changes what is sent upstream.
 
 from __future__ import annotations
 
-import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import compress, count, islice
 from typing import Any, Literal
 
-from proxy.rewrite.events import Compacted, Degraded, Offloaded
-from proxy.wire.conversation import Conversation
-from proxy.rewrite.marks import PLACEHOLDER_MARK as _MARK, STATUS_OPEN, SUMMARY_OPEN, SYNTHETIC_RESULT
-from proxy.wire.codec import Codec, Item
 from proxy.accounting.prefix_check import Trace
+from proxy.prefix import common_prefix
+from proxy.rewrite.events import Compacted, Degraded, Offloaded
+from proxy.rewrite.marks import PLACEHOLDER_MARK as _MARK
+from proxy.rewrite.marks import STATUS_OPEN, SUMMARY_OPEN, SYNTHETIC_RESULT
 from proxy.tokens.counter import default_counter
+from proxy.wire.codec import Codec, Item
+from proxy.wire.conversation import Conversation
 
 _HANDLE = re.compile(r'handle="(ctx_[0-9a-f]{20})"')
 # Kinds of messages the proxy writes, and the figure each is charged to.
@@ -80,12 +80,6 @@ def handle_in(wire: Codec, message: Item) -> str | None:
     return m.group(1) if m else None
 
 
-def _lcp(a: Sequence[bytes], i: int, b: Sequence[bytes], j: int) -> int:
-    """Length of the common run of a[i:] and b[j:], compared in C."""
-    n = min(len(a) - i, len(b) - j)
-    return next(compress(count(), map(operator.ne, islice(a, i, None), islice(b, j, None))), n)
-
-
 def align(wire: Codec, client: Sequence[bytes], sent: Sequence[bytes], sent_messages: Sequence[Item]) -> list[Segment]:
     """The prompt as sent, segment by segment, against the client's messages (by digest).
 
@@ -100,7 +94,7 @@ def align(wire: Codec, client: Sequence[bytes], sent: Sequence[bytes], sent_mess
     n, m = len(sent), len(client)
     members: set[bytes] | None = None  # the client's digests, once the lists first differ
     while i < n or j < m:
-        k = _lcp(sent, i, client, j) if i < n else 0
+        k = common_prefix(sent, client, i, j) if i < n else 0
         if k:
             out.append(("c", j, j + k))
             i, j = i + k, j + k

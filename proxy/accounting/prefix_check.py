@@ -10,10 +10,10 @@ proxy's own (a compaction).
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
-from itertools import compress, count
 from typing import Any
+
+from proxy.prefix import common_prefix
 
 # A break costs less than this many tokens (or share of the previous prompt): not worth a cause.
 MIN_LOST_TOKENS = 256
@@ -55,11 +55,6 @@ class PrefixCheck:
     cause: str | None  # why the shared prefix fell short, when it did
 
 
-def _lcp(a: list[bytes], b: list[bytes]) -> int:
-    """Length of the common prefix, compared in C."""
-    return next(compress(count(), map(operator.ne, a, b)), min(len(a), len(b)))
-
-
 def _tools_cause(prev: Trace, cur: Trace) -> str:
     if sorted(prev.tool_names) == sorted(cur.tool_names):
         return "tools reordered" if prev.tool_names != cur.tool_names else "tool definitions changed"
@@ -75,12 +70,12 @@ def compare(prev: Trace | None, cur: Trace) -> PrefixCheck:
         return PrefixCheck(0, 0, None)
     if prev.tools != cur.tools:
         return PrefixCheck(0, prev.prompt, _tools_cause(prev, cur))
-    common = _lcp(prev.sent, cur.sent)
+    common = common_prefix(prev.sent, cur.sent)
     cacheable = cur.tool_tokens + sum(cur.counts[:common])
     lost = prev.prompt - cacheable
     if common == len(prev.sent) or lost < max(MIN_LOST_TOKENS, MIN_LOST_SHARE * prev.prompt):
         return PrefixCheck(cacheable, prev.prompt, None)
-    raw_common = _lcp(prev.raw, cur.raw)
+    raw_common = common_prefix(prev.raw, cur.raw)
     if raw_common < len(prev.raw):
         if raw_common < max(prev.system, cur.system):
             cause = "system prompt changed"

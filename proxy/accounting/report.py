@@ -8,10 +8,10 @@ from the request's Figures, as the timeline and the counters do.
 
 from __future__ import annotations
 
-from proxy.rewrite.events import CompactionInEffect, Degraded, HistoryElsewhere, StatusAdded
-from proxy.wire.conversation import Conversation
 from proxy.accounting.figures import Figures
 from proxy.accounting.prefix_check import PrefixCheck
+from proxy.rewrite.events import CompactionInEffect, Degraded, HistoryElsewhere, StatusAdded
+from proxy.wire.conversation import Conversation
 
 
 def event_fields(conv: Conversation) -> dict[str, object]:

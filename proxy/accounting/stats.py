@@ -47,7 +47,8 @@ async def stats(store: Store, tenant: str | None, now: float | None = None) -> d
     hour = int(now // HOUR)
     prefix = stats_prefix(tenant) if tenant else "stats:"
     raw = await store.counters(prefix)
-    groups: dict[tuple[str, str], dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+    groups: dict[tuple[str, str], dict[str, dict[str, float]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(float)))
     series: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for key, value in raw.items():
         parsed = _parse(key, prefix)

@@ -16,15 +16,21 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from proxy.accounting import inspector
-from proxy.accounting.accountant import (INSPECT_MAX, SESSIONS_PREFIX, inspect_key, session_summaries, texts_key,
-                              timeline_key)
-from proxy.http.admin import Scope, scope_of
-from proxy.store.archive import Archive
+from proxy.accounting.accountant import (
+    INSPECT_MAX,
+    SESSIONS_PREFIX,
+    inspect_key,
+    session_summaries,
+    texts_key,
+    timeline_key,
+)
+from proxy.accounting.stats import stats
 from proxy.errors import NotFound, StoreUnavailable, Unauthorized
+from proxy.http.admin import Scope, scope_of
 from proxy.http.routing import api_key_of, tenant_id
 from proxy.state import state_of
-from proxy.accounting.stats import stats
 from proxy.store import Store, StoreError
+from proxy.store.archive import Archive
 
 RECENT_SESSIONS = 50
 _DASHBOARD = Path(__file__).with_name("dashboard.html")

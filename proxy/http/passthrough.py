@@ -13,11 +13,11 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.http.request_run import new_request_id
 from proxy.errors import ProxyError
-from proxy.logs import event
 from proxy.http.relay import error_response, read_body, relay_response, relay_stream
+from proxy.http.request_run import new_request_id
 from proxy.http.routing import resolve_route
+from proxy.logs import event
 from proxy.state import state_of
 from proxy.upstream.client import iter_raw, request_headers, response_headers, upstream_url
 

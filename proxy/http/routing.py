@@ -13,7 +13,6 @@ import hmac
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
 
-
 from proxy.config import DEFAULT_ROUTE, Route, Settings
 from proxy.errors import BadRequest, NotFound
 from proxy.wire.conversation import Conversation

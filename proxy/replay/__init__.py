@@ -107,11 +107,11 @@ def _progress(enabled: bool, total_base: int, total_proxy: int) -> Iterator[tupl
 
 
 def run(args: argparse.Namespace) -> int:
-    from proxy.tokens.encodings import TokenizerUnavailable, ensure_encodings, get_encoding
     from proxy.errors import ConfigError
     from proxy.replay import drive, output
     from proxy.replay.plot import LEGEND, plot
-    from proxy.replay.simulator import ENCODING
+    from proxy.replay.sim_prompt import ENCODING
+    from proxy.tokens.encodings import TokenizerUnavailable, ensure_encodings, get_encoding
 
     if args.window < 1000:
         raise _Fail(f"--window must be at least 1000 tokens, got {args.window}", 2)

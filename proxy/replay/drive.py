@@ -25,12 +25,12 @@ import httpx
 import orjson
 import yaml
 
+from proxy.accounting.usage import parse_usage
 from proxy.config import Settings, build_settings
 from proxy.errors import ConfigError
-from proxy.replay.traces import Trace
 from proxy.replay.simulator import SimRecord, Simulator, ThreadedServer
+from proxy.replay.traces import Trace
 from proxy.tokens.counter import default_counter
-from proxy.accounting.usage import parse_usage
 
 SIMULATED_KEY = "sk-ctxproxy-simulated"  # the Authorization the replay sends to the simulator (no real key)
 CACHED_PRICE = 0.1  # a cached prompt token costs about a tenth of an uncached one

@@ -17,7 +17,8 @@ from proxy.replay.traces import Trace
 def banner_lines(simulated: bool, upstream: str | None, window: int) -> list[str]:
     if simulated:
         return ["SIMULATION: no model was called and no API key was used.",
-                f"provider: ctxproxy's built-in simulator (proxy/replay/simulator.py), context window {window:,} tokens:",
+                "provider: ctxproxy's built-in simulator (proxy/replay/simulator.py), "
+                f"context window {window:,} tokens:",
                 "          o200k_base token counts, OpenAI-style prefix caching, \"ok\" answers, extractive summaries",
                 "no proxy: the same turns sent straight to a fresh simulator"]
     return [f"provider: {upstream} (real; its own figures), context window set to {window:,} tokens",
@@ -137,7 +138,8 @@ def print_report(console: Console, *, traces: Sequence[Trace], turns: Sequence[T
         notes.append(f"Through ctxproxy, {len(worse)} turn{'s' if len(worse) != 1 else ''} failed that the provider "
                      f"accepted without it: {', '.join(worse[:5])}{', ...' if len(worse) > 5 else ''}.")
     if simulated:
-        notes.append("agent sent: ctxproxy's own count of the request (proxy/tokens/counter.py); provider got: the simulator's "
+        notes.append("agent sent: ctxproxy's own count of the request (proxy/tokens/counter.py); "
+                     "provider got: the simulator's "
                      "prompt_tokens (its own rendering).")
     if plot:
         notes.append(f"Plot: {plot['path']} ({plot['backend']}; {plot['legend']}).")

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from itertools import compress, count, repeat
 from typing import Any, ClassVar
 
-from proxy.lru import LRU
 from pydantic import BaseModel
 
 from proxy import offloop
+from proxy.lru import LRU
 from proxy.rewrite.context_read.tool import read_tool_name
 from proxy.rewrite.events import Offloaded
 from proxy.rewrite.preview import PreviewShape, build_placeholder, error_matcher

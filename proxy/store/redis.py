@@ -9,11 +9,21 @@ from typing import cast
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
 
 from .base import (
-    MAX_EVICTIONS_PER_PUT, SharedOpsMixin, StoreError, as_number, check_amount, check_max_len, check_quota, check_ttl,
-    incr_result, new_lock_token, ttl_ms,
+    MAX_EVICTIONS_PER_PUT,
+    SharedOpsMixin,
+    StoreError,
+    as_number,
+    check_amount,
+    check_max_len,
+    check_quota,
+    check_ttl,
+    incr_result,
+    new_lock_token,
+    ttl_ms,
 )
 
 DEFAULT_PREFIX = "ctxproxy:"

@@ -12,8 +12,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .base import (
-    MAX_EVICTIONS_PER_PUT, SharedOpsMixin, StoreError, as_number, check_amount, check_max_len, check_quota, check_ttl,
-    incr_result, new_lock_token,
+    MAX_EVICTIONS_PER_PUT,
+    SharedOpsMixin,
+    StoreError,
+    as_number,
+    check_amount,
+    check_max_len,
+    check_quota,
+    check_ttl,
+    incr_result,
+    new_lock_token,
 )
 
 # How long a call waits for another process's lock on the same file before failing (seconds);

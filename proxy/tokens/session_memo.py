@@ -28,8 +28,10 @@ import operator
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, count
+from itertools import compress
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from proxy.prefix import common_prefix
 
 if TYPE_CHECKING:
     from proxy.wire.conversation import Conversation
@@ -66,11 +68,6 @@ def _same_leaves(message: Any, leaves: list[tuple[Path, Any]]) -> bool:
         if type(o) is not type(value) or repr(o) != repr(value):  # repr: -0.0 == 0.0 but dumps differently
             return False
     return True
-
-
-def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """Length of the longest common prefix of two lists under ``==``, compared in C."""
-    return next(compress(count(), map(operator.ne, a, b)), min(len(a), len(b)))
 
 
 def without(items: list[Any], positions: Sequence[int]) -> list[Any]:
@@ -209,4 +206,4 @@ class SessionMemo:
             self._bytes -= dropped.size
 
 
-__all__ = ["MEMO_BYTES", "RequestMemo", "SessionMemo", "Snapshot", "common_prefix", "scalar_leaves", "without"]
+__all__ = ["MEMO_BYTES", "RequestMemo", "SessionMemo", "Snapshot", "scalar_leaves", "without"]

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from proxy import offloop
 from proxy.config import Route
-from proxy.wire.codec import Codec, Item
-from proxy.wire.jsonio import JsonStyle
 from proxy.store import Store
+from proxy.tokens.counter import default_counter
 from proxy.tokens.encodings import encoding_for_model
 from proxy.tokens.message_facts import MessageFacts, chars_of
-from proxy.tokens.counter import default_counter
 from proxy.upstream.client import Upstream
+from proxy.wire.codec import Codec, Item
+from proxy.wire.jsonio import JsonStyle
 
 if TYPE_CHECKING:
     from proxy.rewrite.events import Event

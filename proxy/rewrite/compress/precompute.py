@@ -21,17 +21,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proxy.lru import LRU
-from proxy.store.archive import SECONDS_PER_DAY, Archive
-from proxy.rewrite.compress.record import CompactionLog, View
-from proxy.wire.conversation import Conversation, RequestContext
-from proxy.rewrite.compress.history import chain, head_end, tail_start
 from proxy.logs import event
-from proxy.rewrite.context_read.tool import read_tool_name
-from proxy.wire.codec import Codec
-from proxy.store import StoreError
-from proxy.store.lease import renewed
+from proxy.lru import LRU
+from proxy.rewrite.compress.history import chain, head_end, tail_start
+from proxy.rewrite.compress.record import CompactionLog, View
 from proxy.rewrite.compress.summarizer import SummarizerError, SummaryRejected
+from proxy.rewrite.context_read.tool import read_tool_name
+from proxy.store import StoreError
+from proxy.store.archive import SECONDS_PER_DAY, Archive
+from proxy.store.lease import renewed
+from proxy.wire.codec import Codec
+from proxy.wire.conversation import Conversation, RequestContext
 
 if TYPE_CHECKING:
     from proxy.rewrite.compress.transform import Compress

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.lru import LRU
-from proxy.wire import jsonio
 from proxy.rewrite.compress.history import Message, chain
 from proxy.store import Store
 from proxy.store.keys import session_key
+from proxy.wire import jsonio
 
 PREFIX_CACHE = 256  # recorded prefixes kept in process, by (tenant, session, version)
 

@@ -25,12 +25,12 @@ from typing import Any
 
 import orjson
 
-from proxy.wire import jsonio
 from proxy.config import UpstreamSettings
 from proxy.rewrite.compress.history import Message, text_of
-from proxy.wire.codec import Codec, call_names
 from proxy.tokens.counter import default_counter
 from proxy.upstream.client import Upstream, read_body, upstream_url
+from proxy.wire import jsonio
+from proxy.wire.codec import Codec, call_names
 
 SECTIONS = ("Goal and constraints", "Decisions and why", "Files and artifacts", "Verified state",
             "Open TODOs", "Approaches that failed", "Next step")
@@ -249,5 +249,5 @@ async def _bounded(work: Awaitable[tuple[str, list[dict[str, Any]]]],
                    timeout: float) -> tuple[str, list[dict[str, Any]]]:
     try:
         return await asyncio.wait_for(work, timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise SummarizerError(f"summarizer timed out after {timeout:g}s") from None

@@ -247,7 +247,8 @@ class Compress:
         if sum(view.counts[:t]) + default_counter.count_tools(tools, model) + instruction + REPLY_PRIMING_TOKENS \
                 + summary_tokens(s, ctx.window) > ctx.window:
             return None
-        return CachedPrefix(view.messages[:t], tools, {**conv.wire.prefix_fields(conv.body), **cache_fields(self.peers.cache_hints, conv.body, ctx)})
+        extra = {**conv.wire.prefix_fields(conv.body), **cache_fields(self.peers.cache_hints, conv.body, ctx)}
+        return CachedPrefix(view.messages[:t], tools, extra)
 
     async def _clear(self, wire: Codec, msgs: list[Message], counts: list[int], h: int, archive: Archive, tool: str,
                      model: Any) -> tuple[list[Message], list[int], int]:

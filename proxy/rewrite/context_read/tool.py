@@ -24,9 +24,9 @@ import orjson
 import re2
 
 from proxy import offloop
-from proxy.store.archive import Archive
 from proxy.lines import Lines
 from proxy.store import StoreError
+from proxy.store.archive import Archive
 from proxy.wire.codec import Codec, ToolSpec
 
 if TYPE_CHECKING:
@@ -94,7 +94,8 @@ async def answer(archive: Archive, arguments: str, max_chars: int) -> str:
     except StoreError:
         return "error: the proxy's store is unavailable right now; try again later"
     if text is None:
-        return f"error: no stored content with handle {handle!r} (handles are only readable with the API key that stored them)"
+        return (f"error: no stored content with handle {handle!r} "
+                "(handles are only readable with the API key that stored them)")
     return await offloop.run_if(len(text), respond, text, args, max_chars, handle)
 
 

@@ -81,7 +81,8 @@ def _todo_counts(arguments: str, shape: TodoShape) -> tuple[int, int] | None:
     items = args.get(shape.list_arg) if isinstance(args, dict) else None
     if not isinstance(items, list):
         return None
-    done = sum(1 for t in items if isinstance(t, dict) and str(t.get(shape.status_field, "")).lower() in shape.done_values)
+    done = sum(1 for t in items
+               if isinstance(t, dict) and str(t.get(shape.status_field, "")).lower() in shape.done_values)
     return len(items) - done, done
 
 

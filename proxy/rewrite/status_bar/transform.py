@@ -22,15 +22,21 @@ from typing import Any, ClassVar
 import orjson
 from pydantic import BaseModel
 
+from proxy.lru import LRU
 from proxy.rewrite.events import CompactionInEffect, Offloaded, StatusAdded, StatusSkipped
 from proxy.rewrite.marks import STATUS_OPEN
 from proxy.rewrite.settings import Peers, StatusBarSettings
+from proxy.rewrite.status_bar.trajectory import (
+    Progress,
+    StatusAnchor,
+    Trajectory,
+    is_status,
+    looks_like_error,
+)
 from proxy.store.keys import session_key
-from proxy.wire.conversation import Conversation, RequestContext
 from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
 from proxy.tokens.session_memo import RequestMemo, without
-from proxy.rewrite.status_bar.trajectory import Progress, StatusAnchor, Trajectory, is_status, looks_like_error
-from proxy.lru import LRU
+from proxy.wire.conversation import Conversation, RequestContext
 
 _SESSIONS_CACHED = 1_000  # sessions whose recorded statuses are kept in process
 _ERRORS_CACHED = 20_000  # tool results whose error look is remembered, by digest
@@ -150,12 +156,14 @@ class StatusBar:
             lines.append(f"repeated_call: {t.last_call} x{t.repeated}")
         lines.append(f"consecutive_errors: {t.consecutive_errors}")
         lines.append(f"elapsed: {_duration(since_first)} total, {_duration(since_last)} since last request")
-        lines.append(f"context: {share:.0%} ({used:,}/{window:,} tokens), offloaded {offloads}, compactions {compactions}")
+        lines.append(f"context: {share:.0%} ({used:,}/{window:,} tokens), offloaded {offloads}, "
+                     f"compactions {compactions}")
         lines.append("time: " + time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(now)))
         if t.todo_open is not None:
             lines.append(f"todo: {t.todo_open} open, {t.todo_done} done")
         context = s.context_compressed if compressed else s.context
-        for value, rule in ((t.repeated, s.repeated_call), (t.consecutive_errors, s.consecutive_errors), (share, context)):
+        rules = ((t.repeated, s.repeated_call), (t.consecutive_errors, s.consecutive_errors), (share, context))
+        for value, rule in rules:
             if rule.text and value >= rule.at:
                 lines.append(f"advice: {rule.text}")
         return STATUS_OPEN + "\n" + "\n".join(lines) + "\n</agent_status>"
