@@ -14,7 +14,7 @@ from proxy.store import Store
 from proxy.tokens.encodings import configure_model_encodings
 from proxy.tokens.session_memo import SessionMemo
 from proxy.upstream.client import Upstream
-from proxy.upstream.learned_windows import LearnedWindows
+from proxy.upstream.windows import LearnedWindows
 
 
 @dataclass

@@ -20,7 +20,7 @@ from test_offload import HANDLE, TOOLS, big_log, history, offload_settings, sent
 from proxy.config import ConfigError
 from proxy.http.routing import api_key_of, tenant_id
 from proxy.store import open_store
-from proxy.upstream.learned_windows import LearnedWindows, overflow_limit
+from proxy.upstream.windows import LearnedWindows, overflow_limit
 
 
 def basic(user: str, password: str) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Sending the rewritten request upstream, and the one retry a context overflow earns.
 
 When the provider rejects the request as longer than the model's context
-(`context_length_exceeded` and its other spellings, proxy/upstream/learned_windows.py),
+(`context_length_exceeded` and its other spellings, proxy/upstream/windows.py),
 the window it names is learned for the tenant, route and model, the client's
 request is rewritten again for that window, and sent once more.
 """
@@ -21,7 +21,7 @@ from proxy.logs import event
 from proxy.rewrite.pipeline import run_pipeline
 from proxy.state import ProxyState
 from proxy.upstream.client import read_body, upstream_url
-from proxy.upstream.learned_windows import overflow_limit
+from proxy.upstream.windows import overflow_limit
 from proxy.wire.codec import Send
 from proxy.wire.conversation import Conversation, RequestContext
 

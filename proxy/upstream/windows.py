@@ -2,13 +2,40 @@
 
 A wrong guess costs either a dead run (too large) or needless compaction (too
 small); the `models:` section of config.yaml overrides anything here.
+
+Learned windows: context windows learned from the provider's own context-length errors.
+
+A user of a local 32k model should not have to tell the proxy its window: the
+first overflow says "maximum context length is N tokens". The proxy records N
+(in the store, so restarts and replicas know it too), compacts to fit, and
+retries once; the client sees a normal answer.
+
+What is learned shrinks later requests, so it is learned carefully:
+- only from a genuine context-length error: the provider's own error code or
+  type (OpenAI's `context_length_exceeded`, llama.cpp's
+  `exceed_context_size_error`) or a message that *starts* with the provider's
+  wording. A phrase somewhere inside a message may be the client's own text
+  echoed back, and is never believed;
+- only when N is below the prompt that was rejected (the size the error states,
+  else the proxy's own count with room for another tokenizer);
+- per tenant, route and model: one tenant cannot shrink another's requests;
+- for a limited time (`TTL_S`): a model redeployed with a bigger window is
+  used fully again by the next day.
 """
 
 from __future__ import annotations
 
+import re
+import time
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any
+
+import orjson
 
 from proxy.config import Settings
+from proxy.store import Store, StoreError
+from proxy.store.keys import tenant_key
 
 # Longest glob first wins; provider prefixes ("openai/gpt-4o") are stripped before matching.
 BUILTIN_WINDOWS: tuple[tuple[str, int], ...] = (
@@ -41,3 +68,109 @@ def context_window(settings: Settings, model: str | None, route_default: int) ->
         if fnmatchcase(bare, glob):
             return window
     return route_default
+
+
+TTL_S = 24 * 3600.0  # how long a learned window holds
+_CODES = frozenset({"context_length_exceeded"})
+_TYPES = frozenset({"exceed_context_size_error"})  # llama.cpp's server
+_LIMIT = re.compile(r"maximum context length is ([\d,]+) tokens", re.IGNORECASE)
+# The provider's own opening words (OpenAI, vLLM, and the servers that copy them).
+_OPENING = re.compile(r"(?:this model's )?maximum context length is ([\d,]+) tokens", re.IGNORECASE)
+_REQUESTED = re.compile(r"(?:you requested|resulted in) ([\d,]+) tokens", re.IGNORECASE)
+# Our count of the rejected prompt may be this much lower than the provider's own tokenizer's.
+_TOKENIZER_SLACK = 1.5
+_MAX_KNOWN = 10_000  # in-process entries before the cache is dropped and re-read from the store
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def _error_of(content: bytes) -> dict[str, Any] | None:
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    err = body.get("error") if isinstance(body, dict) else None
+    return err if isinstance(err, dict) else None
+
+
+def overflow_limit(content: bytes, sent_tokens: int) -> int | None:
+    """The window a genuine context-length error names, if it is below the prompt it rejected; else None.
+
+    `sent_tokens`: the proxy's own count of the rejected request (prompt plus completion budget).
+    """
+    err = _error_of(content)
+    if err is None:
+        return None
+    raw_message = err.get("message")
+    message = raw_message if isinstance(raw_message, str) else ""
+    limit: int | None = None
+    if err.get("code") in _CODES or err.get("type") in _TYPES:
+        n_ctx = err.get("n_ctx")
+        if isinstance(n_ctx, int) and not isinstance(n_ctx, bool):
+            limit = n_ctx
+        elif m := _LIMIT.search(message):
+            limit = _int(m.group(1))
+    elif m := _OPENING.match(message.lstrip()):
+        limit = _int(m.group(1))
+    if limit is None or limit <= 0:
+        return None
+    requested = err.get("n_prompt_tokens")
+    if not (isinstance(requested, int) and not isinstance(requested, bool)):
+        m = _REQUESTED.search(message)
+        requested = _int(m.group(1)) if m else None
+    if requested is not None and limit >= requested:
+        return None
+    if limit >= sent_tokens * _TOKENIZER_SLACK:
+        return None
+    return limit
+
+
+@dataclass(frozen=True)
+class _Known:
+    window: int | None
+    until: float  # monotonic time after which the store is asked again
+
+
+class LearnedWindows:
+    """Per (tenant, route, model): the smallest window a provider has reported lately. Cached in process."""
+
+    def __init__(self, store: Store, ttl: float = TTL_S) -> None:
+        self.store = store
+        self.ttl = ttl
+        self._known: dict[tuple[str, str, str], _Known] = {}
+
+    @staticmethod
+    def _key(tenant: str, route: str, model: str) -> str:
+        return tenant_key(tenant, "window", route, model)
+
+    async def get(self, tenant: str, route: str, model: str | None) -> int | None:
+        if not model:
+            return None
+        k = (tenant, route, model)
+        known = self._known.get(k)
+        now = time.monotonic()
+        if known is None or now >= known.until:
+            try:
+                raw = await self.store.get(self._key(*k))
+            except StoreError:
+                return None
+            window = int(raw) if raw else None
+            # A stored window expires in the store; re-read it now and then so its expiry shows here too.
+            known = _Known(window, now + min(self.ttl, 60.0))
+            self._remember(k, known)
+        return known.window
+
+    async def learn(self, tenant: str, route: str, model: str, window: int) -> None:
+        k = (tenant, route, model)
+        self._remember(k, _Known(window, time.monotonic() + min(self.ttl, 60.0)))
+        try:
+            await self.store.put(self._key(*k), str(window).encode(), ttl=self.ttl)
+        except StoreError:
+            pass  # known in this process; other replicas learn on their own first overflow
+
+    def _remember(self, k: tuple[str, str, str], known: _Known) -> None:
+        if len(self._known) >= _MAX_KNOWN:
+            self._known.clear()
+        self._known[k] = known
