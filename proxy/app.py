@@ -62,11 +62,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_api_route("/ctx/v1/sessions/{session:path}/requests/{n}", ctx_api.get_request, methods=["GET"])
     app.add_api_route("/ctx/v1/sessions/{session:path}", ctx_api.get_session, methods=["GET"])
     app.add_api_route("/ctx/v1/blobs/{handle}", ctx_api.get_blob, methods=["GET"])
+    # The proxied paths are plain Starlette routes: they take the raw request, so FastAPI's per-request
+    # dependency and validation machinery would be pure overhead on the hot path.
     for prefix in ("", "/r/{route}"):
-        app.add_api_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
-        app.add_api_route(prefix + "/v1/responses", responses, methods=["POST"])
+        app.add_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
+        app.add_route(prefix + "/v1/responses", responses, methods=["POST"])
         app.add_api_websocket_route(prefix + "/v1/responses", responses_websocket)
-        app.add_api_route(prefix + "/v1/{path:path}", passthrough, methods=ALL_METHODS)
+        app.add_route(prefix + "/v1/{path:path}", passthrough, methods=ALL_METHODS)
 
     app.add_exception_handler(ProxyError, _proxy_error)
     app.add_exception_handler(HTTPException, _http_error)

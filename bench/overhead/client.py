@@ -12,6 +12,18 @@ from bench.overhead.cpu import CpuMeter, timed_section
 from bench.overhead.stats import ms
 
 
+def responses_body(messages: list[dict[str, Any]]) -> bytes:
+    """The same small conversation as a Responses API request: the system text as instructions."""
+    import orjson
+
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    items = [{"role": m["role"], "content": m["content"]} for m in messages if m["role"] != "system"]
+    body: dict[str, Any] = {"model": MODEL, "input": items, "store": False}
+    if system:
+        body["instructions"] = "\n".join(system)
+    return orjson.dumps(body)
+
+
 def chat_body(messages: list[dict[str, Any]], *, stream: bool = False,
               tools: list[dict[str, Any]] | None = None) -> bytes:
     """A chat completion request body (streamed with usage when `stream`)."""
@@ -32,6 +44,7 @@ class Target:
     def __init__(self, name: str, base: str, session: Any) -> None:
         self.name = name
         self.url = base.rstrip("/") + "/chat/completions"
+        self.responses_url = base.rstrip("/") + "/responses"
         self.session = session
         self.request_ids: dict[str, list[str]] = {}
 
@@ -48,6 +61,17 @@ class Target:
             data = await r.read()
             t1 = time.perf_counter_ns()
             if r.status != 200 or b'"chat.completion"' not in data:
+                raise RuntimeError(f"{self.name}: HTTP {r.status}: {data[:300]!r}")
+            self._note(scenario, r.headers)
+        return ms(t1 - t0)
+
+    async def post_responses(self, body: bytes, scenario: str | None = None) -> float:
+        """Whole non-streamed Responses API exchange, ms (request sent to body fully read)."""
+        t0 = time.perf_counter_ns()
+        async with self.session.post(self.responses_url, data=body, headers=AUTH) as r:
+            data = await r.read()
+            t1 = time.perf_counter_ns()
+            if r.status != 200 or b'"object":"response"' not in data:
                 raise RuntimeError(f"{self.name}: HTTP {r.status}: {data[:300]!r}")
             self._note(scenario, r.headers)
         return ms(t1 - t0)

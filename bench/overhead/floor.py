@@ -32,7 +32,7 @@ FORWARDED = ("authorization", "content-type")
 
 def create_floor_app(upstream: str) -> FastAPI:
     """The pass-through app in front of `upstream` (an OpenAI-style base URL ending in /v1)."""
-    url = upstream.rstrip("/") + "/chat/completions"
+    base = upstream.rstrip("/")
     held: dict[str, aiohttp.ClientSession] = {}
 
     @asynccontextmanager
@@ -51,7 +51,7 @@ def create_floor_app(upstream: str) -> FastAPI:
     async def chat(request: Request) -> Response:
         body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k in FORWARDED}
-        resp = await held["session"].post(url, data=body, headers=headers)
+        resp = await held["session"].post(base + request.url.path.removeprefix("/v1"), data=body, headers=headers)
         media_type = resp.headers.get("content-type", "application/json")
         if media_type.startswith("text/event-stream"):
             return StreamingResponse(_relay(resp), status_code=resp.status, media_type=media_type)
@@ -65,6 +65,7 @@ def create_floor_app(upstream: str) -> FastAPI:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
     app.add_api_route("/v1/chat/completions", chat, methods=["POST"], response_model=None)
+    app.add_api_route("/v1/responses", chat, methods=["POST"], response_model=None)
     app.add_api_route("/healthz", healthz, methods=["GET"], response_model=None)
     return app
 

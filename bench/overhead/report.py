@@ -21,9 +21,29 @@ def print_report(res: dict[str, Any]) -> None:
     _print_facts(res)
     _print_main_table(res)
     print_floor(res)
+    print_responses(res)
     print_litellm(res)
     _print_cpu(res)
     _print_proxy_log(res)
+
+
+def print_responses(res: dict[str, Any]) -> None:
+    """The same small conversation sent as a Responses API request, against the chat request, in the same run."""
+    sc = res["scenarios"]
+    if "small_responses" not in sc:
+        return
+    chat, resp = sc["small"], sc["small_responses"]
+    chat_added = chat["proxy"]["median"] - chat["direct"]["median"]
+    resp_added = resp["proxy"]["median"] - resp["direct"]["median"]
+    print()
+    print("Responses API: the small conversation as POST /v1/responses (instructions + input), interleaved alike")
+    print(f"{'scenario':<32}{'n':>6}{'direct':>9}{'ctxproxy':>10}{'added med':>11}")
+    for key, label in (("small", "small chat, latency"), ("small_responses", "small Responses, latency")):
+        d, p = sc[key]["direct"], sc[key]["proxy"]
+        print(f"{label:<32}{p['n']:>6}{d['median']:>9.3f}{p['median']:>10.3f}{p['median'] - d['median']:>+11.3f}")
+    ratio = resp_added / chat_added if chat_added > 0 else float("nan")
+    print(f"small request: ctxproxy adds {resp_added:.3f} ms to a Responses request and {chat_added:.3f} ms to a "
+          f"chat one: Responses / chat = {ratio:.2f} (target: within 10%, not asserted)")
 
 
 def _print_facts(res: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ import gc
 import time
 from typing import Any
 
-from bench.overhead.client import Target, chat_body, concurrent_batch, interleaved
+from bench.overhead.client import Target, chat_body, concurrent_batch, interleaved, responses_body
 from bench.overhead.config import (
     CONCURRENCY,
     DIRECT,
@@ -181,6 +181,17 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         sc["small"] = {k: summary(v) for k, v in r.items()}
         sc["small"]["bytes"] = len(small)
         samples["small"] = r
+
+        # 1b. the same small conversation through the Responses API (direct, ctxproxy, the floor)
+        rsmall = responses_body(SMALL_MESSAGES)
+        rtargets = [t for t in targets if t.name != LITELLM]
+        print(f"[1b/5] small Responses API: {cfg['small']} sequential requests each ...", flush=True)
+        r = await _sequential("small_responses", rtargets, cfg["small"], cfg["small_warm"], max_s,
+                              lambda t, rec: t.post_responses(rsmall, "small_responses" if rec else None), procs,
+                              result)
+        sc["small_responses"] = {k: summary(v) for k, v in r.items()}
+        sc["small_responses"]["bytes"] = len(rsmall)
+        samples["small_responses"] = r
 
         # 2. streaming
         sbody = chat_body(SMALL_MESSAGES, stream=True)

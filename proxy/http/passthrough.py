@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.errors import ProxyError
-from proxy.http.relay import error_response, read_body, relay_response, relay_stream
+from proxy.http.relay import error_response, query_of, read_body, relay_response, relay_stream
 from proxy.http.request_run import new_request_id
 from proxy.http.routing import resolve_route
 from proxy.logs import event
@@ -41,13 +41,13 @@ async def passthrough(request: Request) -> Response:
     st = state_of(request)
     t0 = time.perf_counter()
     rid = new_request_id()
-    log: dict[str, object] = {"request_id": rid, "method": request.method, "path": request.url.path}
+    log: dict[str, object] = {"request_id": rid, "method": request.method, "path": request.scope["path"]}
     try:
         body = await read_body(request, st.settings.server)
         route = resolve_route(st.settings, request.path_params.get("route"), request.headers,
                               _model_of(body, request.headers.get("content-type", "")))
         log["route"] = route.name
-        url = upstream_url(route.upstream, request.path_params["path"], request.url.query)
+        url = upstream_url(route.upstream, request.path_params["path"], query_of(request))
         resp = await st.upstream.send(request.method, url, request_headers(request.headers.items(), route.upstream),
                                       body or None, route.upstream)
     except ProxyError as err:

@@ -51,6 +51,12 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def query_of(request: Request) -> str:
+    """The request's raw query string, without building Starlette's whole URL object for it."""
+    raw: bytes = request.scope.get("query_string", b"")
+    return raw.decode("latin-1")
+
+
 def error_response(err: ProxyError, headers: dict[str, str] | None = None) -> Response:
     if isinstance(err, RequestTimeout):  # the rest of the request may still trickle in: not worth reading
         headers = {**(headers or {}), "connection": "close"}

@@ -47,7 +47,7 @@ class RequestRun:
     @classmethod
     def start(cls, request: Request) -> RequestRun:
         rid = new_request_id()
-        return cls(rid, time.perf_counter(), {"request_id": rid, "path": request.url.path},
+        return cls(rid, time.perf_counter(), {"request_id": rid, "path": request.scope["path"]},
                    {"x-ctxproxy-request-id": rid})
 
     def finish(self, fields: dict[str, object], **more: object) -> None:

@@ -16,6 +16,7 @@ import httpx
 from starlette.requests import Request
 
 from proxy.accounting.figures import carry_events
+from proxy.http.relay import query_of
 from proxy.http.request_run import RequestRun
 from proxy.logs import event
 from proxy.rewrite.pipeline import run_pipeline
@@ -39,7 +40,7 @@ class Sent:
 
 async def send_upstream(st: ProxyState, request: Request, conv: Conversation, ctx: RequestContext,
                         run: RequestRun) -> Sent:
-    url = upstream_url(ctx.route.upstream, conv.wire.path, request.url.query)
+    url = upstream_url(ctx.route.upstream, conv.wire.path, query_of(request))
 
     async def send(payload: bytes) -> httpx.Response:
         return await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
