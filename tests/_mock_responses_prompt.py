@@ -27,8 +27,10 @@ prefix cache matches item by item as it matches chat messages:
     answering ``call_id``, its output a string or parts;
   - ``custom_tool_call``: ``<|assistant|>\\n\\n<custom_tool_call id={call_id}>{name}\\n{input}<|end|>\\n``;
   - ``reasoning``: ``<|reasoning|>\\n`` + summary texts (then reasoning
-    texts) joined by ``\\n``, + ``\\n<encrypted>{encrypted_content}`` if any,
-    the ciphertext billed as opaque text;
+    texts) joined by ``\\n``, + the reasoning the provider decrypts from
+    ``encrypted_content``: billed as what it was, not as the ciphertext's text;
+    the mock stands in for it with one " reasoning" token per 16/3 characters
+    of ciphertext (base64 of about as many bytes as the plaintext, ~4 bytes a token);
   - ``compaction``: ``<|compaction|>\\n{encrypted_content}<|end|>\\n``;
   - any other type: ``<|{type}|>\\n{JSON with sorted keys}<|end|>\\n``.
 
@@ -99,7 +101,8 @@ def render_item(item: Any) -> str:
                 f"{item.get('input', '')}<|end|>\n")
     if kind == "reasoning":
         text = "\n".join(_texts(item.get("summary")) + _texts(item.get("content")))
-        secret = f"\n<encrypted>{item['encrypted_content']}" if item.get("encrypted_content") else ""
+        blob = item.get("encrypted_content")
+        secret = "\n<encrypted>" + " reasoning" * (len(blob) * 3 // 16) if isinstance(blob, str) and blob else ""
         return f"<|reasoning|>\n{text}{secret}<|end|>\n"
     if kind == "compaction":
         return f"<|compaction|>\n{item.get('encrypted_content', '')}<|end|>\n"

@@ -506,10 +506,11 @@ def test_responses_reasoning_item(client: openai.OpenAI) -> None:
     plain = client.responses.create(model="gpt-4o", input="think", reasoning={"effort": "low"})
     assert plain.output[0].encrypted_content is None
     assert client.responses.create(model="gpt-4o", input="think").output[0].type == "message"
-    # sent back, the ciphertext is part of the prompt
+    # sent back, the reasoning it carries is part of the prompt: billed as the decrypted reasoning (3/16 of
+    # the ciphertext's length in tokens), not as the ciphertext's own text
     items = [{"role": "user", "content": "think"}, r.output[0].model_dump(exclude_none=True)]
     billed = client.responses.input_tokens.count(model="gpt-4o", input=items).input_tokens
-    assert billed >= len(tokens(reasoning.encrypted_content)) + len(responses_prompt_token_ids({"input": "think"}))
+    assert billed >= len(reasoning.encrypted_content) * 3 // 16 + len(responses_prompt_token_ids({"input": "think"}))
 
 
 def test_responses_rendering_rules() -> None:
@@ -527,8 +528,8 @@ def test_responses_rendering_rules() -> None:
     custom = {"type": "custom_tool_call", "call_id": "c2", "name": "patch", "input": "*** diff"}
     assert render_item(custom) == "<|assistant|>\n\n<custom_tool_call id=c2>patch\n*** diff<|end|>\n"
     reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "s"}],
-                 "encrypted_content": "gAAA"}
-    assert render_item(reasoning) == "<|reasoning|>\ns\n<encrypted>gAAA<|end|>\n"
+                 "encrypted_content": "gAAA" * 8}
+    assert render_item(reasoning) == "<|reasoning|>\ns\n<encrypted>" + " reasoning" * 6 + "<|end|>\n"
     other = {"type": "web_search_call", "status": "completed", "id": "ws_1"}
     assert render_item(other) == ('<|web_search_call|>\n{"id": "ws_1", "status": "completed", '
                                   '"type": "web_search_call"}<|end|>\n')

@@ -244,14 +244,12 @@ def test_the_agents_sdk_runs_a_tool_loop_through_the_proxy(proxy, upstream):
     assert len(rows) == 1 and rows[0]["requests"] == 2
 
 
-NATIVE = Path(__file__).resolve().parents[2] / "shared" / "traces-native"
+# A real Codex CLI session in Responses shape (MIT; tests/data/NOTICE.md), copied from the native corpus.
+CODEX_SESSION = Path(__file__).resolve().parent / "data" / "02_codex_moonmind_gpt-5.1-codex_019a802a.json"
 
 
 def _codex_session() -> dict:
-    path = NATIVE / "01_codex_moonmind_gpt-5-codex_019a7ae6.json"
-    if not path.exists():  # the corpus lives beside the repository; the test needs one real session
-        pytest.fail(f"the Codex session {path} is missing")
-    return json.loads(path.read_text())
+    return json.loads(CODEX_SESSION.read_text())
 
 
 def _summary_or_ok(body: dict) -> str:

@@ -130,7 +130,10 @@ def message_digest(message: Mapping[str, Any]) -> bytes:
     return _digest(message)
 
 
-_ITEM_KEYS_UNSEEN = frozenset({"type", "id", "status"})  # bookkeeping a model never reads as text
+_ITEM_KEYS_UNSEEN = frozenset({"type", "id", "status", "encrypted_content"})  # not read by the model as text
+# Encrypted reasoning is billed as the reasoning the provider decrypts, not as the ciphertext's text: base64 of
+# about as many bytes as the plaintext, ~4 bytes a token, so 3 tokens per 16 characters.
+ENCRYPTED_TOKENS_PER_CHAR_16 = 3
 
 
 def _item_text(item: Mapping[str, Any]) -> str:
@@ -257,7 +260,9 @@ class TokenCounter:
         if not isinstance(message, Mapping):  # malformed; count what is there
             return n + self._n(enc, _json_text(message))
         if "role" not in message:  # an API's item that is not a message (a Responses call, result, reasoning)
-            return n + self._n(enc, _item_text(message))
+            blob = message.get("encrypted_content")
+            sealed = len(blob) * ENCRYPTED_TOKENS_PER_CHAR_16 // 16 if isinstance(blob, str) else 0
+            return n + self._n(enc, _item_text(message)) + sealed
         role = message.get("role")
         if isinstance(role, str):
             n += self._n(enc, role)
