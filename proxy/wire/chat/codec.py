@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import httpx
-import orjson
 
-from proxy.accounting.usage import Usage, usage_of_body
+from proxy.accounting.usage import Usage
 from proxy.wire.chat import rounds as chat_rounds
 from proxy.wire.chat.round_usage import summed_body, summed_stream
 from proxy.wire.chat.validate import check_messages, parse_body
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
+from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.sse import account_stream
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def _texts(content: Any) -> list[str]:
     return []
 
 
-class ChatCompletions:
+class ChatCompletions(OpenAIBody):
     api: ClassVar[str] = "chat.completions"
     path: ClassVar[str] = "chat/completions"
     calls_grouped: ClassVar[bool] = True
@@ -59,19 +59,9 @@ class ChatCompletions:
     def set_items(self, body: Body, items: list[Item]) -> None:
         body["messages"] = items
 
-    def model(self, body: Body) -> str | None:
-        model = body.get("model")
-        return model if isinstance(model, str) else None
 
-    def is_stream(self, body: Body) -> bool:
-        return body.get("stream") is True
 
-    def tools(self, body: Body) -> list[Any] | None:
-        tools = body.get("tools")
-        return tools if isinstance(tools, list) else None
 
-    def set_tools(self, body: Body, tools: list[Any]) -> None:
-        body["tools"] = tools
 
     def tool_names(self, tools: list[Any]) -> list[str]:
         """Each tool's name: the function's, or a top-level one (custom tools); "None" where it has none."""
@@ -176,9 +166,6 @@ class ChatCompletions:
             return None
         return text if isinstance(text, str) else ""
 
-    def raw_usage(self, data: Any) -> dict[str, Any]:
-        usage = data.get("usage") if isinstance(data, dict) else None
-        return usage if isinstance(usage, dict) else {}
 
     def ask_for_usage(self, conv: Conversation) -> bool:
         body = conv.body
@@ -209,11 +196,6 @@ class ChatCompletions:
                      hide_usage: bool) -> AsyncIterator[bytes]:
         return account_stream(chunks, on_usage, hide_usage)
 
-    def usage_of_reply(self, content: bytes) -> Usage | None:
-        try:
-            return usage_of_body(orjson.loads(content))
-        except orjson.JSONDecodeError:
-            return None
 
     def stream_error(self, error_body: bytes) -> bytes:
         return b"data: " + error_body + b"\n\n"

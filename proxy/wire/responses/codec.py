@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import httpx
-import orjson
 
-from proxy.accounting.usage import Usage, usage_of_body
+from proxy.accounting.usage import Usage
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
+from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.responses import rounds as responses_rounds
 from proxy.wire.responses.validate import check_items, parse_body
 
@@ -56,7 +56,7 @@ def _text_field(item: Item) -> str | None:
     return None
 
 
-class Responses:
+class Responses(OpenAIBody):
     api: ClassVar[str] = "responses"
     path: ClassVar[str] = "responses"
     calls_grouped: ClassVar[bool] = False
@@ -80,19 +80,9 @@ class Responses:
     def set_items(self, body: Body, items: list[Item]) -> None:
         body["input"] = items
 
-    def model(self, body: Body) -> str | None:
-        model = body.get("model")
-        return model if isinstance(model, str) else None
 
-    def is_stream(self, body: Body) -> bool:
-        return body.get("stream") is True
 
-    def tools(self, body: Body) -> list[Any] | None:
-        tools = body.get("tools")
-        return tools if isinstance(tools, list) else None
 
-    def set_tools(self, body: Body, tools: list[Any]) -> None:
-        body["tools"] = tools
 
     def tool_names(self, tools: list[Any]) -> list[str]:
         return [str(t.get("name") or t.get("type")) for t in tools if isinstance(t, dict)]
@@ -218,9 +208,6 @@ class Responses:
                  for t in _texts(item.get("content"))]
         return "\n".join(texts)
 
-    def raw_usage(self, data: Any) -> dict[str, Any]:
-        usage = data.get("usage") if isinstance(data, dict) else None
-        return usage if isinstance(usage, dict) else {}
 
     def ask_for_usage(self, conv: Conversation) -> bool:
         return False  # a Responses stream always ends with response.completed, usage included
@@ -240,11 +227,6 @@ class Responses:
                      hide_usage: bool) -> AsyncIterator[bytes]:
         return responses_rounds.watch(chunks, on_usage)
 
-    def usage_of_reply(self, content: bytes) -> Usage | None:
-        try:
-            return usage_of_body(orjson.loads(content))
-        except orjson.JSONDecodeError:
-            return None
 
     def stream_error(self, error_body: bytes) -> bytes:
         return b"event: error\ndata: " + error_body + b"\n\n"

@@ -1,0 +1,40 @@
+"""What OpenAI's two APIs (Chat Completions, Responses) spell alike: model, stream, tools, usage in `usage`.
+
+One implementation for both codecs, so the two cannot drift apart; each codec keeps
+only what its API spells its own way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.accounting.usage import Usage, usage_of_body
+from proxy.wire.codec import Body
+
+
+class OpenAIBody:
+    def model(self, body: Body) -> str | None:
+        model = body.get("model")
+        return model if isinstance(model, str) else None
+
+    def is_stream(self, body: Body) -> bool:
+        return body.get("stream") is True
+
+    def tools(self, body: Body) -> list[Any] | None:
+        tools = body.get("tools")
+        return tools if isinstance(tools, list) else None
+
+    def set_tools(self, body: Body, tools: list[Any]) -> None:
+        body["tools"] = tools
+
+    def raw_usage(self, data: Any) -> dict[str, Any]:
+        usage = data.get("usage") if isinstance(data, dict) else None
+        return usage if isinstance(usage, dict) else {}
+
+    def usage_of_reply(self, content: bytes) -> Usage | None:
+        try:
+            return usage_of_body(orjson.loads(content))
+        except orjson.JSONDecodeError:
+            return None
