@@ -110,6 +110,9 @@ def test_a_native_turn_is_the_input_up_to_each_output_or_user_turn() -> None:
     body = t.body(5)
     assert body["input"] == items[:5] and body["store"] is False and body["prompt_cache_key"] == "sess-1"
     assert body["include"] == ["reasoning.encrypted_content"] and "instructions" not in body
+    parallel = items[:3] + [items[3], {**items[3], "call_id": "c1b"}, items[4],
+                            {"type": "function_call_output", "call_id": "c1b", "output": "ok"}]
+    assert NativeTrace("02", "02_codex_y", parallel, None, None, "s", last_input=7).turns() == [2, 7]
     view = t.view(7)
     assert [m["role"] for m in view] == ["user", "user", "assistant", "tool", "assistant", "tool"]
     assert view[4]["tool_calls"][0]["function"] == {"name": "apply_patch", "arguments": "*** Begin Patch"}

@@ -32,6 +32,7 @@ from bench.replay.responses_items import to_messages
 from bench.replay.settings import MODEL
 
 SIBLING_NATIVE = os.path.join(os.path.dirname(ROOT), "shared", "traces-native")
+CALLS = ("function_call", "custom_tool_call")
 OUTPUTS = ("function_call_output", "custom_tool_call_output")
 INCLUDE = ["reasoning.encrypted_content"]
 
@@ -57,14 +58,22 @@ class NativeTrace:
     last_input: int  # `last_request_input_len`: the input length of the last request the session recorded
 
     def turns(self, final: bool = False) -> list[int]:
-        """Input lengths of the requests the session sent: after each tool output, and after each run of user
-        messages, up to the last recorded request (`last_input`). `final` also keeps a turn after it (a tool
-        output Codex recorded but never sent, e.g. an interrupted call's "aborted"), as the chat replay's
-        --final-turn sends the turn an agent that kept going would send next."""
+        """Input lengths of the requests the session sent: after each tool output that leaves no call
+        unanswered (parallel calls go back together), and after each run of user messages, up to the last
+        recorded request (`last_input`). `final` also keeps a turn after it (a tool output Codex recorded but
+        never sent, e.g. an interrupted call's "aborted"), as the chat replay's --final-turn sends the turn an
+        agent that kept going would send next."""
         out = []
+        pending: set[Any] = set()  # calls not answered yet: parallel calls are sent back once all have outputs
         for i, it in enumerate(self.items):
             nxt = self.items[i + 1] if i + 1 < len(self.items) else None
-            if it.get("type") in OUTPUTS or (_is_user(it) and not (nxt is not None and _is_user(nxt))):
+            if it.get("type") in CALLS:
+                pending.add(it.get("call_id"))
+            elif it.get("type") in OUTPUTS:
+                pending.discard(it.get("call_id"))
+                if not pending:
+                    out.append(i + 1)
+            elif _is_user(it) and not (nxt is not None and _is_user(nxt)):
                 out.append(i + 1)
         return [i for i in out if final or i <= self.last_input]
 
