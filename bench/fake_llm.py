@@ -21,6 +21,14 @@ answers:
   ("=== TURNS BEING MOVED OUT ===") in the RULES / STATE / OPEN layout;
 * everything else with "ok", as the mock does.
 
+Responses API bodies (``input`` items, ``instructions``) are read as the
+chat messages they stand for (``bench/replay/responses_items.to_messages``:
+instructions a leading system message, calls gathered, outputs as tool
+messages), so the same rules apply: ctxproxy's instruction is the last
+``input`` item, its transcript-shape call a system and a user message (the
+transcript in the last user message). The answer is text either way; the
+mock wraps it in the API's reply shape.
+
 What the fake writes is built only from what the call sends: the FIRST LINE of
 each message of the part being compacted (capped at LINE_CHARS characters),
 labelled with its role, plus the lines of the previous summary or NOTES the
@@ -43,6 +51,7 @@ from typing import Any
 import tiktoken
 
 from bench.identifiers import head_end
+from bench.replay.responses_items import to_messages
 
 SUMMARY_TOKENS = 500  # budget of the digest lines (headings come on top: ~520-560 tokens in all)
 LINE_CHARS = 160  # a message's first line, at most this many characters
@@ -95,12 +104,20 @@ def first_line(text: str) -> str:
     return ""
 
 
+def messages_of(body: dict[str, Any]) -> list[Any]:
+    """A request's conversation as chat messages: chat's `messages`, or a Responses body's `input` read as them."""
+    if "messages" not in body and "input" in body:
+        return to_messages(body["input"], body.get("instructions"))
+    msgs = body.get("messages") or []
+    return msgs if isinstance(msgs, list) else []
+
+
 def kind(body: Any) -> str | None:
     """Which proxy-own call this request is ('summary', 'facts', 'notes-inplace', 'notes-full'),
-    None for the agent's."""
+    None for the agent's. Chat or Responses bodies alike."""
     if not isinstance(body, dict):
         return None
-    msgs = body.get("messages") or []
+    msgs = messages_of(body)
     if not isinstance(msgs, list) or not msgs:
         return None
     first = _text(msgs[0].get("content")) if isinstance(msgs[0], dict) else ""
@@ -135,14 +152,17 @@ def _newest_within(lines: list[str], budget: int = SUMMARY_TOKENS) -> list[str]:
 
 # --------------------------------------------------------------------------- ctxproxy
 
-_SECTION = re.compile(r"^### (user|assistant|system|developer|tool result \([^)\n]*\)|tool|\?)\n", re.M)
+# the transcript's section headings: chat roles and tool results, and in the Responses API the item types the
+# proxy labels non-message items with (its transcript says "### function_call_output", without the tool's name)
+_SECTION = re.compile(r"^### (user|assistant|system|developer|tool result \([^)\n]*\)|tool|function_call_output|"
+                      r"custom_tool_call_output|function_call|custom_tool_call|reasoning|\?)\n", re.M)
 
 
 def _span(body: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, text) of each message of the span the call asks about, in either of ctxproxy's shapes."""
-    msgs = body["messages"]
+    msgs = messages_of(body)
     if not _text(msgs[-1].get("content")).startswith(CTXPROXY_CACHED):
-        return _sections(_transcript(body))
+        return _sections(_transcript(msgs))
     # the cached shape: every message after the head (system + first user message), up to the instruction
     names = {c.get("id"): (c.get("function") or {}).get("name") for m in msgs for c in m.get("tool_calls") or ()
              if isinstance(c, dict)}
@@ -150,8 +170,9 @@ def _span(body: dict[str, Any]) -> list[tuple[str, str]]:
              else m.get("role", "?"), _message_text(m)) for m in msgs[head_end(msgs):-1]]
 
 
-def _transcript(body: dict[str, Any]) -> str:
-    user = next((_text(m.get("content")) for m in body["messages"] if m.get("role") == "user"), "")
+def _transcript(msgs: list[Any]) -> str:
+    """The transcript of a transcript-shape call: in its (last) user message, the one after the system prompt."""
+    user = next((_text(m.get("content")) for m in reversed(msgs) if m.get("role") == "user"), "")
     m = re.search(r"<transcript>\n(.*)\n</transcript>", user, re.S)
     return m.group(1) if m else user
 
@@ -238,7 +259,7 @@ def _state_lines(notes: str) -> list[str]:
 
 
 def keeper_inplace(body: dict[str, Any]) -> str:
-    msgs = body["messages"]
+    msgs = messages_of(body)
     at = max(i for i, m in enumerate(msgs)
              if m.get("role") == "user" and _text(m.get("content")).startswith(KEEPER_INPLACE))
     start, archived, notes = 0, 0, ""
@@ -269,7 +290,7 @@ def keeper_inplace(body: dict[str, Any]) -> str:
 
 
 def keeper_full(body: dict[str, Any]) -> str:
-    user = next(_text(m.get("content")) for m in body["messages"]
+    user = next(_text(m.get("content")) for m in messages_of(body)
                 if m.get("role") == "user" and KEEPER_FULL in _text(m.get("content")))
     notes = user.split("=== CURRENT NOTES ===\n", 1)[-1].split("\n\n=== ", 1)[0]
     turns = user.split(KEEPER_FULL + "\n", 1)[1].split("\n\n=== END OF THE TURNS ===", 1)[0]

@@ -37,7 +37,7 @@ def test_options_kept() -> None:
     """The options the published command lines use are still there."""
     replay = _run("bench.replay", "--help").stdout
     for opt in ("--window", "--settings", "--traces", "--traces-dir", "--json", "--proxy-mode", "--final-turn",
-                "--proxy-src", "--per-trace", "--quiet"):
+                "--proxy-src", "--per-trace", "--quiet", "--api", "--native"):
         assert opt in replay
     overhead = _run("bench.overhead", "--help").stdout
     for opt in ("--quick", "--json", "--max-seconds", "--proxy-cmd", "--keep-log", "--litellm"):

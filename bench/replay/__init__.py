@@ -77,6 +77,7 @@ Usage (from the repo root)::
                            [--traces 01,19] [--traces-dir DIR] [--json out.json] [--final-turn] [--per-trace]
                            [--proxy-src DIR] [--proxy-mode subprocess|inprocess]
     python -m bench.replay --window 32000 --settings compress [--per-trace] ...   # the compression comparison
+    python -m bench.replay --window 32000 --api both [--native DIR] ...   # chat and the Responses API side by side
 
 ``--settings`` takes names or groups (``offload``: the default three;
 ``compress``: no-proxy, sliding-window-20, middle-out, ctxproxy,
@@ -90,11 +91,22 @@ results are final messages no recorded turn carries). ``--proxy-src DIR`` runs
 the ``proxy`` package from DIR (e.g. a ``git archive`` snapshot) instead of
 the installed working tree.
 
+``--api responses`` (or ``both``, side by side with chat; default ``chat``)
+sends every turn to ``/v1/responses`` instead: the chat trajectories converted
+to Responses items (``responses_items``), and the native Codex sessions of
+``--native DIR`` (``native``: the input up to each tool output or user turn,
+as Codex sent it, ``store: false``, ``prompt_cache_key`` = the session id). Every
+check reads the requests as chat messages (``apis``), so the figures are the
+same ones for both APIs. The open-source proxies are replayed in chat only, and
+the client-side settings not on the native sessions (they cut chat messages).
+
 Modules: ``settings`` (the registry, groups and ``ctxproxy+section.key=value``
 names), ``client_side`` (sliding window, middle-out), ``traces`` (loading the
 corpus, request bodies), ``checks`` (tool-call pairing, previews), ``targets``
 (running ctxproxy, its log), ``turns`` (one trajectory, turn by turn),
 ``compaction`` (compacted-history messages, lost identifiers), ``run`` (one
 setting over every trajectory), ``criteria`` (the offload and compression
-checks), ``tables`` (the markdown tables) and ``cli`` (arguments, main).
+checks), ``tables`` (the markdown tables), ``responses_items`` (chat turns as Responses items and back),
+``native`` (the native Responses sessions), ``apis`` (what differs between chat and Responses: body, path,
+view, prompt chunks, usage) and ``cli`` (arguments, main).
 """

@@ -15,7 +15,9 @@ from typing import Any
 
 from bench import replay as package
 from bench.paths import ROOT, TRACES_ENV, default_traces_dir, traces_dir
+from bench.replay.apis import CHAT, RESPONSES, AnyTrace, Api
 from bench.replay.criteria import compare, compression_criteria, offload_criteria, over_trigger_traces
+from bench.replay.native import default_native_dir, load_native
 from bench.replay.run import replay_setting
 from bench.replay.settings import (
     BASELINE,
@@ -27,6 +29,8 @@ from bench.replay.settings import (
     derived_setting,
 )
 from bench.replay.tables import (
+    CORPUS_LABELS,
+    api_markdown,
     available,
     compaction_detail,
     compress_markdown,
@@ -35,6 +39,7 @@ from bench.replay.tables import (
     markdown,
     per_trace_markdown,
     ranking_markdown,
+    rejected_detail,
     status_bar_markdown,
 )
 from bench.replay.traces import load_traces
@@ -123,42 +128,91 @@ def main(argv: list[str] | None = None) -> int:
                                         "`git archive HEAD proxy` snapshot; default: the installed one")
     ap.add_argument("--per-trace", action="store_true", help="also print the per-trajectory table")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    ap.add_argument("--api", choices=("chat", "responses", "both"), default="chat",
+                    help="replay in chat completions (default), the Responses API (the chat corpus converted to "
+                         "Responses items, and the native sessions), or both, side by side")
+    ap.add_argument("--native", default=None,
+                    help="the native Responses sessions (Codex) replayed with --api responses/both (default: "
+                         "shared/traces-native beside the repository, else traces-native beside the corpus; "
+                         "'none': skip them)")
+    ap.add_argument("--native-traces", default="", help="comma-separated native session ids (01,03); default all")
     args = ap.parse_args(argv)
 
     names = _setting_names(ap, args.settings)
-    traces = load_traces(traces_dir(args.traces_dir), [s for s in args.traces.split(",") if s.strip()] or None)
+    corpus_dir = traces_dir(args.traces_dir)
+    traces = load_traces(corpus_dir, [s for s in args.traces.split(",") if s.strip()] or None)
+    groups: list[tuple[Api, str, list[AnyTrace]]] = []
+    if args.api in ("chat", "both"):
+        groups.append((CHAT, "trajectories", list(traces)))
+    if args.api in ("responses", "both"):
+        groups.append((RESPONSES, "trajectories", list(traces)))
+        native_dir = default_native_dir(corpus_dir) if args.native is None else args.native
+        if native_dir and native_dir != "none":
+            if not os.path.isdir(native_dir):
+                ap.error(f"--native {native_dir!r} is not a directory")
+            groups.append((RESPONSES, "native", list(load_native(
+                native_dir, [s for s in args.native_traces.split(",") if s.strip()] or None))))
 
     t0 = time.perf_counter()
     results = []
     with mu.MockUpstream() as mock:
-        for name in names:
-            results.append(replay_setting(SETTINGS[name], traces, mock, args.window, args.proxy_mode,
-                                          final_turn=args.final_turn, progress=not args.quiet,
-                                          proxy_src=args.proxy_src))
+        for api, corpus, group in groups:
+            for name in names:
+                results.append(replay_setting(SETTINGS[name], group, mock, args.window, args.proxy_mode,
+                                              final_turn=args.final_turn, progress=not args.quiet,
+                                              proxy_src=args.proxy_src, api=api, corpus=corpus))
     runtime = time.perf_counter() - t0
-    ok = available(results)
-    compare(ok)
-    # the offload checks are about the default 128k window; at another window they would mislead
-    criteria = offload_criteria(ok) if args.window == mu.DEFAULT_WINDOW else []
     compress_mode = any(n in COMPRESS_SETTINGS[1:] + STATUS_BAR_SETTINGS for n in names)
-    subset = over_trigger_traces(traces, args.window, args.final_turn) if compress_mode else []
-    compress_checks = compression_criteria(results, args.window, subset) if compress_mode else []
-
-    if compress_mode:
-        _print_compress_report(results, ok, compress_checks, subset, args.window)
-    print(markdown(ok, criteria))
-    if args.per_trace:
-        print()
-        print(compress_per_trace_markdown(ok, subset) if compress_mode else per_trace_markdown(ok))
+    criteria: list[dict[str, Any]] = []
+    compress_checks: list[dict[str, Any]] = []
+    subsets: dict[str, list[str]] = {}
+    for api, corpus, group in groups:
+        part = [r for r in results if r["api"] == api.name and r["corpus"] == corpus]
+        ok = available(part)
+        compare(ok)
+        # the offload checks are about the default 128k window; at another window they would mislead
+        crit = offload_criteria(ok) if args.window == mu.DEFAULT_WINDOW else []
+        subset = over_trigger_traces(group, args.window, args.final_turn, api=api) if compress_mode else []
+        checks = compression_criteria(part, args.window, subset) if compress_mode else []
+        for c in crit + checks:
+            c.update(api=api.name, corpus=corpus)
+        criteria += crit
+        compress_checks += checks
+        subsets[f"{api.name}/{corpus}"] = subset
+        if len(groups) > 1:
+            print(f"## {api.name} API, {CORPUS_LABELS[corpus]} ({len(group)} conversations, "
+                  f"{sum(len(t.turns(args.final_turn)) for t in group)} requests per setting)\n")
+        if compress_mode:
+            _print_compress_report(part, ok, checks, subset, args.window)
+        print(markdown(ok, crit))
+        if args.per_trace:
+            print()
+            print(compress_per_trace_markdown(ok, subset) if compress_mode else per_trace_markdown(ok))
+        for r in part:  # (compress mode lists them in its report; chat alone keeps its output as it was)
+            if "total" not in r and not compress_mode and len(groups) > 1:
+                print(f"\n{r['setting']}: not run, {r['unavailable']['stage']}: {r['unavailable']['error']}")
+        if len(groups) > 1:
+            print()
+    if len(groups) > 1:
+        print("## chat and Responses side by side\n")
+        print(api_markdown(results))
+        detail = rejected_detail(results)
+        if detail:
+            print("\nrequests rejected through a proxy (turn = messages or input items sent):")
+            print(detail)
     print(f"\n{len(traces)} trajectories, {sum(len(t.turns(args.final_turn)) for t in traces)} requests per setting "
           f"({'with' if args.final_turn else 'without'} final turns), window {args.window:,}, "
-          f"proxy {args.proxy_mode}; total runtime {runtime:.1f}s")
+          f"proxy {args.proxy_mode}; "
+          + "".join(f"{len(g)} native Responses sessions ({sum(len(t.turns(args.final_turn)) for t in g)} requests "
+                    "per setting); " for _, c, g in groups if c == "native")
+          + f"total runtime {runtime:.1f}s")
     if args.json_path:
         command = shlex.join([sys.executable, "-m", "bench.replay", *sys.argv[1:]]) if argv is None else argv
         out = {"command": command,
                "window": args.window, "proxy_mode": args.proxy_mode, "final_turn": args.final_turn,
-               "proxy_src": os.path.abspath(args.proxy_src) if args.proxy_src else None, "git": git_state(),
-               "machine": machine(), "over_trigger_traces": subset,
+               "api": args.api, "proxy_src": os.path.abspath(args.proxy_src) if args.proxy_src else None,
+               "git": git_state(), "machine": machine(),
+               "over_trigger_traces": next(iter(subsets.values()), []), "over_trigger_traces_by_api": subsets,
                "runtime_s": round(runtime, 2), "criteria": criteria, "criteria_compress": compress_checks,
                "results": results}
         with open(args.json_path, "w", encoding="utf-8") as f:

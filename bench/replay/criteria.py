@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.replay.apis import CHAT, AnyTrace, Api
 from bench.replay.figures import available, ids_over, pct, share
 from bench.replay.settings import BASELINE
-from bench.replay.traces import Trace, request_body
-from tests import mock_upstream as mu
 
 
 def compare(results: list[dict[str, Any]]) -> None:
@@ -91,12 +90,14 @@ def offload_criteria(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def over_trigger_traces(traces: list[Trace], window: int, final_turn: bool, share: float = 0.85) -> list[str]:
-    """Trajectories whose largest request (the mock's count, as the client sends it) passes share x window."""
+def over_trigger_traces(traces: list[AnyTrace], window: int, final_turn: bool, share: float = 0.85,
+                        api: Api = CHAT) -> list[str]:
+    """Trajectories whose largest request (the mock's count, as the client sends it in `api`) passes share x
+    window."""
     out = []
     for t in traces:
         turns = t.turns(final_turn)
-        if turns and max(sum(len(c) for c in mu.prompt_chunks(request_body(t, i))) for i in turns) > share * window:
+        if turns and max(sum(len(c) for c in api.chunks(api.body(t, i))) for i in turns) > share * window:
             out.append(t.id)
     return out
 

@@ -13,24 +13,42 @@ import httpx
 
 from bench import external_proxies as ext
 from bench import fake_llm
+from bench.replay.apis import CHAT, AnyTrace, Api
 from bench.replay.compaction import load_proxy_history
+from bench.replay.native import NativeTrace
 from bench.replay.settings import MODEL, Setting
-from bench.replay.targets import cpu_seconds, external_state, free_port, proxy_inprocess, proxy_log, proxy_subprocess
-from bench.replay.traces import Trace
+from bench.replay.targets import (
+    cpu_seconds,
+    external_state,
+    free_port,
+    proxy_inprocess,
+    proxy_log,
+    proxy_log_for,
+    proxy_subprocess,
+)
 from bench.replay.turns import aggregate, replay_trace
 from tests import mock_upstream as mu
 
 REQUEST_TIMEOUT = 300.0  # seconds, per request (bounded: nothing here waits forever)
 
 
-def replay_setting(setting: Setting, traces: list[Trace], mock: mu.MockUpstream, window: int,
+def replay_setting(setting: Setting, traces: list[AnyTrace], mock: mu.MockUpstream, window: int,
                    proxy_mode: str, final_turn: bool = False, progress: bool = True,
-                   proxy_src: str | None = None) -> dict[str, Any]:
-    """Every trajectory through `setting`, with the mock reset first; the setting's result (totals, trajectories).
+                   proxy_src: str | None = None, api: Api = CHAT, corpus: str = "trajectories") -> dict[str, Any]:
+    """Every trajectory through `setting` in `api`, with the mock reset first; the setting's result (totals,
+    trajectories), marked with the API and the corpus (`trajectories`: the chat corpus; `native`: Responses
+    sessions).
 
     A setting whose proxy cannot be installed or started is returned as "unavailable", with the exact error,
-    so the other settings still run.
+    so the other settings still run; so is one that has no form in `api` (the open-source proxies are replayed
+    in chat only; a client-side transform has no chat messages to cut in a native session).
     """
+    where = {"api": api.name, "corpus": corpus}
+    if api is not CHAT and setting.external:
+        return {**_unavailable(setting, "api", f"{setting.name} is replayed in chat only"), **where}
+    if setting.transform is not None and any(isinstance(t, NativeTrace) for t in traces):
+        return {**_unavailable(setting, "api", f"{setting.name} transforms chat messages; the native sessions "
+                                                "have none"), **where}
     mock.reset()
     mock.default_window = window
     mock.windows[MODEL] = window
@@ -50,7 +68,7 @@ def replay_setting(setting: Setting, traces: list[Trace], mock: mu.MockUpstream,
                 proxy_info["install"] = ext.ensure_installed(
                     spec, log=lambda m: print(f"  {setting.name}: {m}", file=sys.stderr, flush=True))
             except ext.ExternalUnavailable as err:
-                return _unavailable(setting, "install", str(err))
+                return {**_unavailable(setting, "install", str(err)), **where}
             cm = ext.running(spec, free_port(), mock.base_url[:-len("/v1")], window, tmp)
         else:
             cm = contextlib.nullcontext({"url": None, "log": None, "cmd": None, "start_s": 0.0, "pid": None})
@@ -61,11 +79,12 @@ def replay_setting(setting: Setting, traces: list[Trace], mock: mu.MockUpstream,
                 t0 = time.perf_counter()
                 for trace in traces:
                     t1 = time.perf_counter()
-                    row = replay_trace(client, base, setting, trace, mock, final_turn, window, history)
+                    row = replay_trace(client, base, setting, trace, mock, final_turn, window, history, api)
                     row["wall_s"] = round(time.perf_counter() - t1, 3)
                     rows.append(row)
                     if progress:
-                        print(f"  {setting.name:<24} {trace.id} {row['requests']:>4} req {row['rejected']:>3} rej "
+                        label = setting.name if api is CHAT else f"{setting.name} [{api.name}, {corpus}]"
+                        print(f"  {label:<24} {trace.id} {row['requests']:>4} req {row['rejected']:>3} rej "
                               f"{row['prompt_tokens']:>10,} tok {row['wall_s']:7.2f}s", file=sys.stderr, flush=True)
                 wall = time.perf_counter() - t0
                 if info["cmd"]:
@@ -76,13 +95,19 @@ def replay_setting(setting: Setting, traces: list[Trace], mock: mu.MockUpstream,
                         proxy_info["log_tail"] = f.read()[-4000:]
                     proxy_info["state"] = external_state(info.get("state"))
         except ext.ExternalUnavailable as err:
-            return _unavailable(setting, "start", str(err))
+            return {**_unavailable(setting, "start", str(err)), **where}
         except RuntimeError as err:  # ctxproxy did not start (e.g. a config section an older --proxy-src lacks)
             if not setting.proxied:
                 raise
-            return _unavailable(setting, "start", str(err))
+            return {**_unavailable(setting, "start", str(err)), **where}
         if setting.proxied and info["log"]:
             proxy_info.update(proxy_log(info["log"]))
+            failed = [(row["trace"], q) for row in rows for q in row["rows"] if q.get("proxy_request_id")]
+            said = proxy_log_for(info["log"], {q["proxy_request_id"] for _, q in failed})
+            keep = ("status", "error", "client_messages", "attempted_prompt_tokens", "compacted", "tokens_before",
+                    "tokens_after", "summary_rejected", "proxy_call_kinds")
+            proxy_info["rejected"] = [{"trace": tid, "turn": q["turn"], **{k: q[k] for k in keep if k in q},
+                                       "log": said.get(q["proxy_request_id"], [])} for tid, q in failed]
         if mock.errors:
             proxy_info["mock_errors"] = list(mock.errors)
     total = aggregate([r for row in rows for r in row["rows"]])
@@ -94,7 +119,7 @@ def replay_setting(setting: Setting, traces: list[Trace], mock: mu.MockUpstream,
     total["identifiers"] = {k: sum(x[k] for x in ids) for k in ("total", "kept", "after_head", "after_head_kept")}
     if setting.proxied:
         total["rewrites"] = _sum_rewrites([r["rewrites"] for r in rows])
-    return {"setting": setting.name, "description": setting.description,
+    return {"setting": setting.name, "description": setting.description, **where,
             "proxy_config": setting.config_for(window) if setting.proxied else None,
             "proxy": proxy_info, "total": total, "traces": rows}
 

@@ -226,3 +226,75 @@ def compaction_detail(res: dict[str, Any], limit: int = 40) -> str:
             lines.append(f"  trace {tid}: lost {sum(len(v) for v in d.values() if isinstance(v, list))}, "
                          f"last list {d.get('listed_count')} identifiers; " + "; ".join(parts))
     return "\n".join(lines)
+
+
+CORPUS_LABELS = {"trajectories": "chat corpus", "native": "native Codex sessions"}
+
+
+def api_markdown(results: list[dict[str, Any]]) -> str:
+    """Chat and Responses side by side: per setting, one row per (API, corpus) it was replayed in.
+
+    The chat corpus in chat and converted to Responses items are the same turns, so their rows compare
+    directly (the last column: the Responses row against the chat row of the same setting); the native Codex
+    sessions are other conversations, compared only with their own no-proxy row ("prompt vs no-proxy").
+    """
+    order = list(dict.fromkeys(r["setting"] for r in results))
+    groups = list(dict.fromkeys((r.get("api", "chat"), r.get("corpus", "trajectories")) for r in results))
+    by = {(r["setting"], r.get("api", "chat"), r.get("corpus", "trajectories")): r for r in results}
+    lines = ["| setting | API | corpus | requests | rejected (ctx exceeded) | provider 400s | prompt tokens | "
+             "cached tokens | hit rate (agent only) | cost units | prompt vs no-proxy | "
+             "proxy's own calls: n / prompt tok | compactions | identifiers kept: all / after head | "
+             "pairing: bad requests, strict | Responses vs chat: prompt, hit rate points | wall s |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in order:
+        for api, corpus in groups:
+            r = by.get((name, api, corpus))
+            if r is None:
+                continue
+            where = f"| {name} | {api} | {CORPUS_LABELS.get(corpus, corpus)} |"
+            if "total" not in r:
+                u = r["unavailable"]
+                lines.append(f"{where} not run: {u['error']} |" + " |" * 13)
+                continue
+            t = r["total"]
+            i = t["identifiers"]
+            own = (f"{t['proxy_calls']} / {t['proxy_prompt_tokens']:,}" if t["proxy_calls"] else "0")
+            chat = by.get((name, "chat", corpus))
+            vs = "-"
+            if api != "chat" and chat is not None and "total" in chat and chat["total"]["prompt_tokens"]:
+                c = chat["total"]
+                dp = (f"{(t['hit_rate'] - c['hit_rate']) * 100:+.2f}"
+                      if t["hit_rate"] is not None and c["hit_rate"] is not None else "-")
+                vs = f"{t['prompt_tokens'] / c['prompt_tokens'] * 100:.1f}%, {dp}"
+            lines.append(
+                f"{where} {t['requests']} | {t['rejected']} ({t['context_length_exceeded']}) | "
+                f"{t['provider_rejections']} | {t['prompt_tokens']:,} | {t['cached_tokens']:,} | "
+                f"{pct(t['hit_rate'])} ({pct(t['agent_hit_rate'])}) | {t['cost_units']:,.0f} | "
+                f"{pct(t.get('prompt_ratio'))} | {own} | {t['compactions']} | "
+                f"{share(i['kept'], i['total'])} / {share(i['after_head_kept'], i['after_head'])} | "
+                f"{t['pairing_problems']}, {t['pairing_problems_strict']} | {vs} | {t['wall_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def rejected_detail(results: list[dict[str, Any]], limit: int = 20) -> str:
+    """Each request a proxied setting had rejected: the conversation, the turn, what the provider said, what
+    the proxy's headers and log say it did (so a rejection through the proxy can be traced to its cause)."""
+    lines = []
+    for r in available(results):
+        rej = r["proxy"].get("rejected") or []
+        if not rej:
+            continue
+        lines.append(f"{r['setting']} [{r.get('api', 'chat')}, {CORPUS_LABELS.get(r.get('corpus', ''), '')}]: "
+                     f"{len(rej)} rejected")
+        for q in rej[:limit]:
+            size = (f"; proxy's count {q['tokens_before']:,} -> {q['tokens_after']:,} ({q['compacted']})"
+                    if "tokens_before" in q else "")
+            counted = q.get("attempted_prompt_tokens")
+            lines.append(f"  trace {q['trace']} turn {q['turn']}: HTTP {q['status']} {q.get('error')}, provider "
+                         f"counted {'-' if counted is None else f'{counted:,}'} tokens{size}"
+                         + (f"; summary set aside: {q['summary_rejected']}" if q.get("summary_rejected") else "")
+                         + (f"; proxy's own calls {q['proxy_call_kinds']}" if q.get("proxy_call_kinds") else ""))
+            lines += [f"    log: {x}" for x in q["log"] if not x.startswith("info: request ")]
+        if len(rej) > limit:
+            lines.append(f"  ... {len(rej) - limit} more")
+    return "\n".join(lines)

@@ -118,6 +118,29 @@ def proxy_log(path: str | None) -> dict[str, Any]:
     return out
 
 
+def proxy_log_for(path: str | None, request_ids: set[str]) -> dict[str, list[str]]:
+    """What the proxy's log says about each of `request_ids` besides the request line: its decisions
+    (compaction layers, a summary set aside, errors), as "level: msg key=value ..." lines."""
+    out: dict[str, list[str]] = {}
+    if not path or not request_ids or not os.path.exists(path):
+        return out
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            rid = rec.get("request_id") if isinstance(rec, dict) else None
+            if rid not in request_ids:
+                continue
+            rest = {k: v for k, v in rec.items() if k not in ("ts", "time", "level", "msg", "request_id")}
+            if rec.get("msg") == "request":
+                rest = {k: rest[k] for k in ("messages", "events", "status") if k in rest}
+            out.setdefault(rid, []).append(f"{rec.get('level')}: {rec.get('msg')} "
+                                           + " ".join(f"{k}={v}" for k, v in rest.items()))
+    return out
+
+
 def external_state(state_dir: str | None) -> dict[str, Any]:
     """What an external proxy left in its state folder (ctxkeeper: per-session state.json counters)."""
     out: dict[str, Any] = {}

@@ -33,6 +33,10 @@ class Trace:
             out.append(len(self.messages))
         return out
 
+    def view(self, i: int) -> list[dict[str, Any]]:
+        """The conversation of turn `i` as chat messages (what the checks compare against): messages[:i]."""
+        return self.messages[:i]
+
 
 def load_traces(directory: str, select: Iterable[str] | None = None) -> list[Trace]:
     """Trajectories in file order; `select` keeps those whose id (file-name prefix) is listed."""

@@ -11,10 +11,11 @@ import httpx
 from bench import external_proxies as ext
 from bench import fake_llm
 from bench import identifiers as idents
+from bench.replay.apis import CHAT, AnyTrace, Api, billed
 from bench.replay.checks import RewriteCheck, digest, tool_pairing_problems
 from bench.replay.compaction import chunks_common, diagnose_lost, identifier_listing, is_status, summary_stats
 from bench.replay.settings import Setting
-from bench.replay.traces import Trace, encode_body, request_body
+from bench.replay.traces import encode_body
 from tests import mock_upstream as mu
 
 CACHED_PRICE = 0.1  # a cached input token costs this share of an uncached one
@@ -30,15 +31,16 @@ def _error_code(content: bytes) -> str | None:
         return None
 
 
-def replay_trace(client: httpx.Client, base: str, setting: Setting, trace: Trace,
+def replay_trace(client: httpx.Client, base: str, setting: Setting, trace: AnyTrace,
                  mock: mu.MockUpstream, final_turn: bool = False, window: int = mu.DEFAULT_WINDOW,
-                 proxy_history: Any = None) -> dict[str, Any]:
-    """All turns of one trajectory, sequentially; the per-trajectory row plus per-request rows.
+                 proxy_history: Any = None, api: Api = CHAT) -> dict[str, Any]:
+    """All turns of one trajectory, sequentially, in `api`; the per-trajectory row plus per-request rows.
 
     The provider's requests of each turn are split into the agent's (what the
     client asked, as forwarded: possibly rejected and retried) and the proxy's
     own calls (summaries, notes: `fake_llm.kind`). Token figures count both;
-    the `proxy_*` fields count the proxy's own calls alone.
+    the `proxy_*` fields count the proxy's own calls alone. The checks read
+    every request as chat messages (`api.view`), so they are the same for both APIs.
     """
     auth = f"Bearer sk-replay-{setting.name}-{trace.id}"
     headers = {"authorization": auth, "content-type": "application/json"}
@@ -58,13 +60,12 @@ def replay_trace(client: httpx.Client, base: str, setting: Setting, trace: Trace
     mock.requests.clear()  # sequential: nothing in flight; keeps memory to one trajectory's bodies
     mock.cache.clear()  # one trajectory at a time (keyless proxies share one cache scope; a no-op for the others)
     for i in turns:
-        body = request_body(trace, i)
-        if setting.transform is not None:
-            body["messages"] = setting.transform(body["messages"], body.get("tools"), window)
+        body = api.body(trace, i, setting, window)
+        client_view = api.view(body)
         raw = encode_body(body)
         before = len(mock.requests)
         t0 = time.perf_counter()
-        resp = client.post(base + "/chat/completions", content=raw, headers=headers)
+        resp = client.post(base + api.path, content=raw, headers=headers)
         dt = time.perf_counter() - t0
         t_client += dt
         sent = mock.requests[before:]
@@ -72,36 +73,37 @@ def replay_trace(client: httpx.Client, base: str, setting: Setting, trace: Trace
                                "upstream_requests": len(sent), "prompt_tokens": 0, "cached_tokens": 0,
                                "body_bytes": len(raw), "proxy_calls": 0, "proxy_prompt_tokens": 0,
                                "proxy_cached_tokens": 0, "proxy_completion_tokens": 0, "provider_rejections": 0,
-                               "client_messages": len(body["messages"])}
+                               "client_messages": len(client_view)}
         if resp.status_code != 200:
             row["error"] = _error_code(resp.content)
         _read_proxy_headers(row, resp.headers)
-        agent, strict = _bill(row, sent, i, pairing)
+        agent, strict = _bill(row, sent, i, pairing, api)
         strict_bad += strict
         served = next((rec for rec in reversed(agent) if rec.status == 200 and isinstance(rec.json, dict)), None)
         if not sent and resp.status_code == 200:
             row["error"] = "no upstream request recorded"
         if served is not None:
             up = served.json
-            row["upstream_messages"] = len(up.get("messages") or [])
+            up_view = api.view(up)
+            row["upstream_messages"] = len(up_view)
             if check is not None:
                 # the status bar (proxy 23f7ccd and later) adds `<agent_status>` user messages: set them aside
-                aligned = [m for m in up.get("messages") or [] if not is_status(m)]
-                if len(aligned) == len(body["messages"]):
-                    check.check(i, body["messages"], {**up, "messages": aligned})
+                aligned = [m for m in up_view if not is_status(m)]
+                if len(aligned) == len(client_view):
+                    check.check(i, client_view, {"messages": aligned, "tools": up.get("tools")})
                 else:
                     compacted_views += 1
-            chunks = mu.prompt_chunks(up)
+            chunks = api.chunks(up)
             if prev_chunks is not None:
                 lost = sum(len(c) for c in prev_chunks) - chunks_common(prev_chunks, chunks)
                 row["prefix_lost_tokens"] = lost
                 if lost > BREAK_TOKENS:
                     row["cache_break"] = True
             prev_chunks = chunks
-            last_served = up
-            st = summary_stats(up.get("messages") or [])
+            last_served = {"messages": up_view}
+            st = summary_stats(up_view)
             if st is not None:
-                key = digest(up["messages"][st["position"]])
+                key = digest(up_view[st["position"]])
                 if key not in seen_summaries:
                     seen_summaries.add(key)
                     st.update(turn=i, uncached_tokens=row["prompt_tokens"] - row["cached_tokens"],
@@ -110,14 +112,14 @@ def replay_trace(client: httpx.Client, base: str, setting: Setting, trace: Trace
         agent_last = agent[-1] if agent else None
         if agent_last is not None and agent_last.status != 200 and isinstance(agent_last.json, dict):
             # what the provider was asked to read, even though it refused
-            row["attempted_prompt_tokens"] = sum(len(c) for c in mu.prompt_chunks(agent_last.json))
+            row["attempted_prompt_tokens"] = sum(len(c) for c in api.chunks(agent_last.json))
         requests.append(row)
     mock.requests.clear()
     out = aggregate(requests)
     out.update(trace=trace.id, name=trace.name, client_s=round(t_client, 3),
-               client_pairing_problems=sum(1 for i in turns if tool_pairing_problems(trace.messages[:i])),
+               client_pairing_problems=sum(1 for i in turns if tool_pairing_problems(trace.view(i))),
                pairing_problems=len(pairing), pairing_problems_strict=strict_bad, pairing_examples=pairing[:3])
-    raw_last = trace.messages[:turns[-1]] if turns else []
+    raw_last = trace.view(turns[-1]) if turns else []
     ret = idents.retention(raw_last, (last_served or {}).get("messages"))
     if proxy_history is not None and ret["lost"] and last_served is not None:
         ret["diagnosis"] = diagnose_lost(ret["lost"], raw_last, last_served["messages"], proxy_history)
@@ -132,7 +134,7 @@ def replay_trace(client: httpx.Client, base: str, setting: Setting, trace: Trace
     out["summaries"] = summaries
     if check is not None:
         out["rewrites"] = check.summary()
-        out["rewrites"]["over_threshold_not_offloaded"] = check.missed(trace.messages, turns[-1] if turns else 0)
+        out["rewrites"]["over_threshold_not_offloaded"] = check.missed(raw_last, len(raw_last))
         out["rewrites"]["compacted_views"] = compacted_views
     out["rows"] = requests
     return out
@@ -153,11 +155,16 @@ def _read_proxy_headers(row: dict[str, Any], headers: httpx.Headers) -> None:
         row["proxy_break_cause"] = headers["x-ctxproxy-cache-break"]
     if "x-ctxproxy-status-bar" in headers:
         row["status_bar"] = True
+    if "x-ctxproxy-summary-rejected" in headers:
+        row["summary_rejected"] = headers["x-ctxproxy-summary-rejected"]
+    if row.get("error") and "x-ctxproxy-request-id" in headers:  # to find what the proxy logged about it
+        row["proxy_request_id"] = headers["x-ctxproxy-request-id"]
     if "x-ctxproxy-window-learned" in headers:
         row["window_learned"] = int(headers["x-ctxproxy-window-learned"])
 
 
-def _bill(row: dict[str, Any], sent: list[Any], turn: int, pairing: list[dict[str, Any]]) -> tuple[list[Any], int]:
+def _bill(row: dict[str, Any], sent: list[Any], turn: int, pairing: list[dict[str, Any]],
+          api: Api = CHAT) -> tuple[list[Any], int]:
     """Add what the provider billed for one turn's requests to its row, and check their tool-call pairing.
 
     Returns the agent's requests (the proxy's own calls set aside) and how many of all the requests break
@@ -169,20 +176,19 @@ def _bill(row: dict[str, Any], sent: list[Any], turn: int, pairing: list[dict[st
         own = fake_llm.kind(rec.json)
         if rec.status != 200:
             row["provider_rejections"] += 1
-        if rec.status == 200 and rec.usage:
-            row["prompt_tokens"] += rec.usage["prompt_tokens"]
-            row["cached_tokens"] += rec.usage["prompt_tokens_details"]["cached_tokens"]
+        prompt, cached, completion = billed(rec.usage) if rec.status == 200 and rec.usage else (0, 0, 0)
+        row["prompt_tokens"] += prompt
+        row["cached_tokens"] += cached
         if own is not None:
             row["proxy_calls"] += 1
             row.setdefault("proxy_call_kinds", []).append(own if rec.status == 200 else f"{own}:{rec.status}")
-            if rec.status == 200 and rec.usage:
-                row["proxy_prompt_tokens"] += rec.usage["prompt_tokens"]
-                row["proxy_cached_tokens"] += rec.usage["prompt_tokens_details"]["cached_tokens"]
-                row["proxy_completion_tokens"] += rec.usage["completion_tokens"]
+            row["proxy_prompt_tokens"] += prompt
+            row["proxy_cached_tokens"] += cached
+            row["proxy_completion_tokens"] += completion
         else:
             agent.append(rec)
         if isinstance(rec.json, dict):
-            msgs = rec.json.get("messages") or []
+            msgs = api.view(rec.json)
             problems = tool_pairing_problems(msgs)
             if problems:
                 pairing.append({"turn": turn, "problems": problems[:3], "count": len(problems),
