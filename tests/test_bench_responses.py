@@ -143,7 +143,7 @@ def test_the_proxys_summary_calls_in_responses_shape_are_answered_like_chat_ones
         assert "assistant: Looking around first." in text and "assistant: Done: src/io.py fixed." in text
         assert "You are a coding agent." not in text  # the head is not part of the span
     # the transcript labels tool results with the item type; each one's first line is still in the digest
-    assert "function_call_output: io.py" in fake_llm.respond(transcript)
+    assert "tool result (shell): io.py" in fake_llm.respond(transcript)
     # the same span in chat gets the same answer in the cached shape
     chat_cached = {"model": "gpt-4o", "messages": [*CHAT[:8], {"role": "user", "content": IN_PLACE_PROMPT}]}
     assert fake_llm.respond(chat_cached) == fake_llm.respond(cached)

@@ -152,8 +152,7 @@ def render(wire: Codec, span: Sequence[Message], per_message_chars: int | None =
     names = call_names(wire, list(span))
     out = []
     for m in span:
-        role = wire.label(m)
-        label = f"tool result ({names.get(wire.answers(m)) or 'tool'})" if role == "tool" else role
+        label = f"tool result ({names.get(wire.answers(m)) or 'tool'})" if wire.role(m) == "tool" else wire.label(m)
         text = text_of(wire, m)
         if per_message_chars and len(text) > per_message_chars:
             cut = per_message_chars // 2
