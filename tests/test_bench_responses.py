@@ -142,7 +142,7 @@ def test_the_proxys_summary_calls_in_responses_shape_are_answered_like_chat_ones
         assert [ln[3:] for ln in text.splitlines() if ln.startswith("## ")] == list(SECTIONS)
         assert "assistant: Looking around first." in text and "assistant: Done: src/io.py fixed." in text
         assert "You are a coding agent." not in text  # the head is not part of the span
-    # the transcript labels tool results with the item type; each one's first line is still in the digest
+    # the transcript labels tool results by their tool, as chat does; each one's first line is in the digest
     assert "tool result (shell): io.py" in fake_llm.respond(transcript)
     # the same span in chat gets the same answer in the cached shape
     chat_cached = {"model": "gpt-4o", "messages": [*CHAT[:8], {"role": "user", "content": IN_PLACE_PROMPT}]}
