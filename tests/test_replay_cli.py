@@ -310,3 +310,178 @@ def test_replay_to_an_upstream_counts_the_proxys_own_calls(tmp_path, capsys):
     assert proxy["own_prompt_tokens"] == sum(r.prompt_tokens for r in own)
     assert proxy["prompt_tokens"] == sum(r.prompt_tokens for r in upstream.log if r.status == 200)
     assert sum(proxy["compactions"].values()) >= 1
+
+
+# --------------------------------------------------------------------------- the Responses API
+
+def _native_dir() -> Path:
+    """The shared traces-native corpus beside the repository (beside the main checkout, from a worktree)."""
+    here = [ROOT.parent]
+    common = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+                            capture_output=True, text=True).stdout.strip()
+    if common:
+        here.append(Path(common).parent.parent)
+    for base in here:
+        if (base / "shared" / "traces-native").is_dir():
+            return base / "shared" / "traces-native"
+    pytest.fail(f"the shared traces-native corpus is missing (looked beside {', '.join(map(str, here))})")
+
+
+def _codex_trace() -> Path:
+    hits = sorted(_native_dir().glob("01_codex_*.json"))
+    if not hits:
+        pytest.fail("no 01_codex_* trace in the traces-native corpus")
+    return hits[0]
+
+
+def _render_item(it):
+    """The Responses rendering the simulator documents, written again (chat's _render for the message shapes)."""
+    kind = it.get("type")
+    if kind in (None, "message"):
+        return _render({"role": it.get("role", ""), "content": it.get("content")})
+    if kind == "function_call":
+        return _render({"role": "assistant", "content": None, "tool_calls": [
+            {"id": it["call_id"], "function": {"name": it["name"], "arguments": it["arguments"]}}]})
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        return _render({"role": "tool", "content": it.get("output"), "tool_call_id": it["call_id"]})
+    if kind == "custom_tool_call":
+        return f"<|assistant|>\n\n<custom_tool_call id={it['call_id']}>{it['name']}\n{it.get('input', '')}<|end|>\n"
+    if kind == "reasoning":
+        texts = [p["text"] for p in (it.get("summary") or []) + (it.get("content") or []) if "text" in p]
+        secret = f"\n<encrypted>{it['encrypted_content']}" if it.get("encrypted_content") else ""
+        return "<|reasoning|>\n" + "\n".join(texts) + secret + "<|end|>\n"
+    return f"<|{kind}|>\n{json.dumps(it, sort_keys=True)}<|end|>\n"
+
+
+def _responses_prompt(enc, memo, body):
+    pieces = ([_render({"role": "system", "content": body["instructions"]})] if body.get("instructions") else [])
+    pieces += ["<|tools|>" + json.dumps(body["tools"])] if body.get("tools") else []
+    pieces += [_render_item(it) for it in body["input"]]
+    out = []
+    for piece in pieces:
+        if piece not in memo:
+            memo[piece] = enc.encode_ordinary(piece)
+        out += memo[piece]
+    return out
+
+
+def test_replay_the_examples_as_responses_requests():
+    r = cli("--simulate", "--api", "responses", "--json", timeout=180)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["api"] == "responses" and {t["api"] for t in doc["traces"]} == {"responses"}
+    totals = doc["totals"]
+    assert totals["ctxproxy"]["rejected"] == 0 and totals["ctxproxy"]["failed"] == 0
+    assert all(t["ctxproxy"]["status"] == 200 for t in doc["turns"])
+    assert totals["no_proxy"]["rejected"] > 0  # the long example still outgrows the window without the proxy
+    assert totals["ctxproxy"]["compactions"] and totals["ctxproxy"]["own_calls"] >= 1
+    # Sent as items: per turn, the agent's input counts one item per message, plus one per tool call of an
+    # assistant message with text; the system prompt went to `instructions`.
+    for path in EXAMPLES:
+        messages = json.loads(path.read_text())["messages"]
+
+        def items(m):
+            calls = len(m.get("tool_calls") or [])
+            return calls + (1 if m.get("content") or not calls else 0) if m["role"] == "assistant" else 1
+
+        want = [sum(items(m) for m in messages[1:i]) for i, m in enumerate(messages)
+                if i > 0 and m["role"] == "assistant"]
+        assert [t["messages"] for t in doc["turns"] if t["trace"] == path.stem] == want
+    r = cli("--simulate", "28")
+    assert r.returncode == 0 and "API replayed: Chat Completions" in r.stdout
+
+
+def test_a_native_codex_trace_fits_the_window_only_through_the_proxy(monkeypatch, capsys):
+    from proxy.replay import drive
+
+    sims: list[Simulator] = []
+
+    class Recorded(Simulator):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            sims.append(self)
+
+    monkeypatch.setattr(drive, "Simulator", Recorded)
+    path = _codex_trace()
+    assert run(parse(["--simulate", "--window", "32000", "--json", str(path)])) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["api"] == "responses" and doc["traces"][0]["native"] is True
+    base, proxy = doc["totals"]["no_proxy"], doc["totals"]["ctxproxy"]
+    assert base["rejected"] >= 1
+    assert proxy["rejected"] == 0 and proxy["answered"] == proxy["turns"]
+    baseline, through = sims
+    assert not [r for r in through.log if r.error == "context_length_exceeded"]  # not one, retries included
+    assert {r.kind for r in through.log} >= {"turn", "summary"}
+    assert all(r.prompt_tokens <= 32000 for r in through.log)
+
+    # The baseline, recomputed from the recorded items by the documented rules: one turn per tool output.
+    data = json.loads(path.read_text())
+    enc, memo, earlier, rows = get_encoding("o200k_base"), {}, [], []
+    for k, it in enumerate(data["items"]):
+        if it.get("type") not in ("function_call_output", "custom_tool_call_output"):
+            continue
+        body = {"input": data["items"][:k + 1], "tools": data["tools"], "instructions": data["instructions"]}
+        toks = _responses_prompt(enc, memo, body)
+        if len(toks) > 32000:
+            rows.append((400, len(toks), None))
+            continue
+        common = max((_lcp(toks, e) for e in earlier), default=0)
+        earlier.append(toks)
+        rows.append((200, len(toks), 0 if common < 1024 else common // 128 * 128))
+    assert [(t["no_proxy"]["status"], t["no_proxy"]["prompt"], t["no_proxy"]["cached"]) for t in doc["turns"]] == rows
+    assert len(baseline.log) == len(rows) == base["turns"]
+
+    r = cli("--simulate", "--api", "chat", str(path))  # a Responses recording is not sent as chat
+    assert r.returncode == 2 and "--api responses" in r.stderr
+
+
+def test_the_simulators_responses_stream_parses_in_the_openai_sdk():
+    import openai
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    ensure_encodings()
+    sim = Simulator(window=4000)
+    instruction = summarizer.IN_PLACE_PROMPT
+    with ThreadedServer(sim, lifespan="off") as server, httpx.Client(trust_env=False) as http:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-none", http_client=http, max_retries=0)
+        body = {"model": "gpt-5-codex", "instructions": "Be brief.",
+                "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}],
+                "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                          {"type": "reasoning", "summary": [], "encrypted_content": "gAAAAABopaque"},
+                          {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+                          {"type": "function_call_output", "call_id": "c1", "output": "FAILED src/app.py"}]}
+        events = list(client.responses.create(stream=True, **body))
+        kinds = [e.type for e in events]
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "ok"
+        done = events[-1].response
+        assert done.output_text == "ok" and done.status == "completed"
+        want = len(_responses_prompt(get_encoding("o200k_base"), {}, body))
+        assert done.usage.input_tokens == want and done.usage.input_tokens_details.cached_tokens == 0
+
+        raw = http.post(server.url + "/v1/responses", json={**body, "stream": True})
+        assert raw.headers["x-ctxproxy-simulated"] == "1"
+        blocks = raw.text.strip().split("\n\n")
+        adapter = TypeAdapter(ResponseStreamEvent)
+        for block in blocks:  # every event, strictly as the SDK's types define it
+            name, data = block.split("\n")
+            event = adapter.validate_python(json.loads(data.removeprefix("data: ")))
+            assert name == f"event: {event.type}"
+        Response.model_validate(json.loads(blocks[-1].split("\n")[1][6:])["response"])
+
+        # the proxy's own call in the cached shape: answered by the extractive summary, not "ok"
+        summary = client.responses.create(**{**body, "input": [*body["input"], {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": instruction}]}]})
+        assert [line[3:] for line in summary.output_text.splitlines() if line.startswith("## ")] == \
+            list(summarizer.SECTIONS)
+        assert "src/app.py" in summary.output_text and summary.usage.input_tokens_details.cached_tokens == 0
+
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(model="gpt-5-codex", input="x " * 5000)
+        assert err.value.body == {"message": "Your input exceeds the context window of this model. Please adjust "
+                                             "your input and try again.", "type": "invalid_request_error",
+                                  "param": "input", "code": "context_length_exceeded"}
+    assert [r.kind for r in sim.log] == ["turn", "turn", "summary", "turn"]
+    assert sim.log[1].cached_tokens == 0 and sim.log[-1].error == "context_length_exceeded"

@@ -1,7 +1,7 @@
 """`ctxproxy replay`: recorded agent trajectories through an in-process ctxproxy, turn by turn, against no proxy.
 
-    ctxproxy replay [TRACE ...] [--simulate | --upstream URL] [--route NAME] [--window N]
-                    [--config PATH] [--json] [--plot FILE.png]
+    ctxproxy replay [TRACE ...] [--simulate | --upstream URL] [--api chat|responses] [--route NAME]
+                    [--window N] [--config PATH] [--json] [--plot FILE.png]
 
 Each assistant message of a trajectory is one turn: the agent's request (the
 messages before it, with the tools) is sent through the proxy; the answer is
@@ -14,6 +14,12 @@ built-in simulator (proxy/replay/simulator.py): no key, no network, every figure
 labelled as simulated. Without TRACE, ``--simulate`` replays the trajectories
 shipped in proxy/examples/; a TRACE that is not a file may name one of them
 (e.g. ``07`` or ``07_swe-agent_ctf_forensics-flash``).
+
+``--api responses`` sends the turns as OpenAI Responses requests (``POST
+/v1/responses``): chat trajectories are converted to Responses items
+(proxy/replay/traces_responses.py). A trace recorded in the Responses API (the
+shared traces-native format, ``api: "responses"``) is replayed as recorded,
+one turn per tool output; it needs no ``--api`` and refuses ``--api chat``.
 """
 
 from __future__ import annotations
@@ -27,13 +33,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from proxy.replay.traces import Trace, TraceError, example_paths, load_trace
+from proxy.replay.traces_responses import as_responses
 
 DEFAULT_WINDOW = 32_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="*", metavar="TRACE",
-                   help="trajectory files (JSON: {\"messages\": [...], \"tools\": [...]} or a list of messages); "
+                   help="trajectory files (JSON: {\"messages\": [...], \"tools\": [...]} or a list of messages, or a "
+                        "Responses trace {\"api\": \"responses\", \"items\": [...], ...}); "
                         "none: the shipped examples (with --simulate)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--simulate", action="store_true",
@@ -41,6 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument("--upstream", metavar="URL",
                        help="a real OpenAI-compatible base URL for the proxy (key from $OPENAI_API_KEY); "
                             "the no-proxy baseline stays simulated")
+    p.add_argument("--api", choices=("chat", "responses"),
+                   help="the API the turns are sent in: chat (POST /v1/chat/completions, the default) or responses "
+                        "(POST /v1/responses; chat trajectories are converted to Responses items). A trace recorded "
+                        "in the Responses API is always replayed in it")
     p.add_argument("--route", metavar="NAME", help="send the turns to this route (/r/NAME/v1)")
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
                    help=f"context window of the replayed models, for the proxy and the simulator "
@@ -76,14 +88,18 @@ def load_traces(args: argparse.Namespace) -> list[Trace]:
     else:
         paths = [_resolve(a) for a in names]
     traces = []
+    api = args.api
     for arg, path in zip(names or [str(p) for p in paths], paths):
         try:
-            traces.append(load_trace(path))
+            trace = load_trace(path)
         except TraceError as e:
             hint = ""
             if not path.exists() and names:
                 hint = f" (shipped examples: {', '.join(x.stem for x in example_paths())})"
             raise _Fail(f"cannot read trace {arg}: {e}{hint}") from None
+        if trace.native and api == "chat":
+            raise _Fail(f"trace {arg} was recorded in the Responses API: replay it with --api responses", 2)
+        traces.append(as_responses(trace) if api == "responses" else trace)
     seen: dict[str, int] = {}
     for t in traces:  # two traces of one name: keep their rows apart
         seen[t.name] = seen.get(t.name, 0) + 1

@@ -5,29 +5,24 @@ configuration (or the built-in defaults), a temporary SQLite store, every
 route's upstream pointed at the simulator (or at ``--upstream``), and the
 replayed models' window set to ``--window``. It runs under uvicorn on a free
 127.0.0.1 port in a thread, and the turns reach it over real HTTP, one after
-the other, as an agent sends them.
+the other, as an agent sends them: each trace in its API (``POST
+/v1/chat/completions`` or ``POST /v1/responses``, proxy/replay/traces.py).
 """
 
 from __future__ import annotations
 
-import copy
-import logging
-import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 import orjson
-import yaml
 
 from proxy.accounting.usage import parse_usage
-from proxy.config import Settings, build_settings
-from proxy.errors import ConfigError
+from proxy.replay.proxy_setup import proxy_settings, quiet_logs
 from proxy.replay.simulator import SimRecord, Simulator, ThreadedServer
 from proxy.replay.traces import Trace
 from proxy.tokens.counter import default_counter
@@ -70,8 +65,8 @@ class Side:
 class Turn:
     trace: str
     turn: int  # 1-based within its trace
-    index: int  # the assistant message this request was answered with
-    messages: int  # messages the agent sent
+    index: int  # the assistant message this request was answered with (Responses: the items sent)
+    messages: int  # messages the agent sent (Responses: input items)
     client_tokens: int  # proxy.tokens.counter.default_counter.count_request of what the agent sent
     no_proxy: Side
     ctxproxy: Side
@@ -166,7 +161,8 @@ def no_proxy(traces: Sequence[Trace], window: int, authorization: str,
     sides = []
     for trace in traces:
         for i in trace.turns():
-            status, body = sim.complete(trace.request(i), authorization)
+            answer = sim.respond if trace.api == "responses" else sim.complete
+            status, body = answer(trace.request(i), authorization)
             rec = sim.log[-1]
             err = body.get("error") if status != 200 else None
             sides.append(Side(status=status, error=(err or {}).get("code") if err else None,
@@ -177,85 +173,6 @@ def no_proxy(traces: Sequence[Trace], window: int, authorization: str,
 
 
 # --------------------------------------------------------------------------- the proxy
-
-def _read_config(path: str | None) -> dict[str, Any]:
-    if not path:
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read config file: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{line}: {getattr(e, 'problem', e)}") from None
-    if raw is not None and not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of settings")
-    return raw or {}
-
-
-def proxy_settings(config: str | None, upstream_url: str, store_dir: str, models: Sequence[str], window: int,
-                   simulate: bool) -> Settings:
-    """The user's configuration (or the defaults) with every upstream, the store and the models' window replaced."""
-    raw = copy.deepcopy(_read_config(config))
-
-    def retarget(section: Any) -> dict[str, Any]:
-        up = dict(section) if isinstance(section, dict) else {}
-        up["base_url"] = upstream_url
-        if simulate:
-            up["api_key_env"] = None  # the simulator needs no key; the replay's own header is forwarded
-        return up
-
-    raw["upstream"] = retarget(raw.get("upstream"))
-    routes = raw.get("routes")
-    if isinstance(routes, list):
-        raw["routes"] = [{**r, "upstream": retarget(r.get("upstream"))} if isinstance(r, dict) else r for r in routes]
-    raw["store"] = f"sqlite:///{os.path.join(store_dir, 'replay.db')}"
-    facts = raw.get("models") if raw.get("models") is not None else {}
-    if isinstance(facts, dict):  # anything else: build_settings names the fault
-        facts = dict(facts)
-        for m in models:
-            facts[m] = {**(facts.get(m) or {}), "context_window": window}
-        raw["models"] = facts
-    return build_settings(raw, env={}, source=config or "replay settings")
-
-
-class _Collect(logging.Handler):
-    """The proxy's warnings and errors during a replay, kept for the report instead of the terminal."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        fields = getattr(record, "fields", None) or {}
-        detail = ", ".join(f"{k}={v}" for k, v in fields.items() if k in ("error", "path", "layer"))
-        exc = f" ({record.exc_info[0].__name__}: {record.exc_info[1]})" if record.exc_info and record.exc_info[0] \
-            else ""
-        self.lines.append(f"{record.levelname.lower()}: {record.getMessage()}{exc}"
-                          + (f" [{detail}]" if detail else ""))
-
-
-@contextmanager
-def _quiet_logs() -> Iterator[_Collect]:
-    handler = _Collect()
-    saved = []
-    for name in ("ctxproxy", "uvicorn", "uvicorn.error"):
-        lg = logging.getLogger(name)
-        saved.append((lg, lg.handlers[:], lg.propagate, lg.level))
-        lg.handlers[:] = [handler]
-        lg.propagate = False
-        lg.setLevel(logging.WARNING)
-    try:
-        yield handler
-    finally:
-        for lg, handlers, propagate, level in saved:
-            lg.handlers[:] = handlers
-            lg.propagate = propagate
-            lg.setLevel(level)
 
 
 def _actions(headers: httpx.Headers) -> dict[str, Any]:
@@ -305,7 +222,7 @@ def through_proxy(traces: Sequence[Trace], window: int, *, upstream: str | None,
 
     simulate = upstream is None
     sim = Simulator(window) if simulate else None
-    with tempfile.TemporaryDirectory(prefix="ctxproxy-replay-") as tmp, _quiet_logs() as logs:
+    with tempfile.TemporaryDirectory(prefix="ctxproxy-replay-") as tmp, quiet_logs() as logs:
         sim_server = ThreadedServer(sim, lifespan="off", name="simulator") if sim else None
         try:
             base = (sim_server.start() + "/v1") if sim_server else str(upstream)
@@ -313,7 +230,7 @@ def through_proxy(traces: Sequence[Trace], window: int, *, upstream: str | None,
             if route and settings.route(route) is None:
                 known = ", ".join(r.name for r in settings.routes)
                 raise ReplayError(f"unknown route {route!r}; configured routes: {known}", code=2)
-            path = f"/r/{route}/v1/chat/completions" if route else "/v1/chat/completions"
+            prefix = f"/r/{route}/v1" if route else "/v1"
             headers = {"content-type": "application/json"}
             if authorization:
                 headers["authorization"] = authorization
@@ -325,6 +242,7 @@ def through_proxy(traces: Sequence[Trace], window: int, *, upstream: str | None,
                     # One session per recorded run: two runs that open alike (same system prompt and first
                     # user message) would otherwise share the session the proxy derives from them.
                     sid = {"x-session-id": f"replay-{n}-{trace.name}"[:200]}
+                    path = prefix + ("/responses" if trace.api == "responses" else "/chat/completions")
                     for i in trace.turns():
                         before = len(sim.log) if sim else 0
                         side, rid, session = _send(client, path, trace.request(i), sid)
@@ -410,4 +328,11 @@ def _own_calls_from_timeline(client: httpx.Client, sessions: list[str], ids: lis
 
 
 def client_tokens(trace: Trace, i: int) -> int:
-    return default_counter.count_request(trace.request(i))
+    """ctxproxy's own count of what the agent sent for turn `i` (proxy/tokens/counter.py); for a Responses request
+    its input items, tools and instructions."""
+    body = trace.request(i)
+    if trace.api != "responses":
+        return default_counter.count_request(body)
+    n = default_counter.count_messages(body["input"], trace.model) + default_counter.count_tools(body.get("tools"),
+                                                                                                  trace.model)
+    return n + (default_counter.count_text(trace.instructions, trace.model) if trace.instructions else 0)

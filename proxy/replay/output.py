@@ -25,6 +25,29 @@ def banner_lines(simulated: bool, upstream: str | None, window: int) -> list[str
             f"no proxy: SIMULATED, the same turns counted by ctxproxy's built-in simulator (window {window:,})"]
 
 
+API_NAMES = {"chat": "Chat Completions (POST /v1/chat/completions)", "responses": "Responses (POST /v1/responses)"}
+
+
+def api_of(traces: Sequence[Trace]) -> str:
+    """The API the replay sent its turns in: "chat", "responses", or both ("chat+responses")."""
+    return "+".join(sorted({t.api for t in traces})) or "chat"
+
+
+def api_line(traces: Sequence[Trace]) -> str:
+    """Which API the turns were sent in, and for Responses how many traces were converted from chat."""
+    parts = []
+    for api in sorted({t.api for t in traces}):
+        part = API_NAMES[api]
+        if api == "responses":
+            group = [t for t in traces if t.api == api]
+            native = sum(t.native for t in group)
+            notes = ([f"{native} recorded in it"] if native else []) + \
+                ([f"{len(group) - native} converted from chat"] if native < len(group) else [])
+            part += f" ({', '.join(notes)})"
+        parts.append(part)
+    return "API replayed: " + "; ".join(parts)
+
+
 def banner(simulated: bool, upstream: str | None, window: int) -> str:
     return " ".join(" ".join(line.split()) for line in banner_lines(simulated, upstream, window))
 
@@ -63,7 +86,9 @@ def _sent(side: Side) -> Text:
 
 
 def turn_table(trace: Trace, turns: Sequence[Turn]) -> Table:
-    t = Table(title=f"{trace.name}  |  model {trace.model}  |  {len(trace.messages)} messages, {len(turns)} turns",
+    unit = "items" if trace.api == "responses" else "messages"
+    t = Table(title=f"{trace.name}  |  model {trace.model}  |  {trace.api}  |  {len(trace.entries)} {unit}, "
+                    f"{len(turns)} turns",
               title_justify="left", box=box.SIMPLE_HEAD, row_styles=["", "dim"] if len(turns) > 12 else None,
               pad_edge=False)
     t.add_column("turn", justify="right")
@@ -123,7 +148,7 @@ def totals_table(base: Totals, proxy: Totals, traces: int, both: dict[str, Any])
 def print_report(console: Console, *, traces: Sequence[Trace], turns: Sequence[Turn], base: Totals, proxy: Totals,
                  both: dict[str, Any], simulated: bool, upstream: str | None, window: int, proxy_log: Sequence[str],
                  plot: dict[str, Any] | None) -> None:
-    for line in banner_lines(simulated, upstream, window):
+    for line in [*banner_lines(simulated, upstream, window), api_line(traces)]:
         console.print(Text(line, style="bold yellow" if line.startswith("SIMULATION") else "yellow"))
     console.print()
     for trace in traces:
@@ -160,10 +185,12 @@ def json_document(*, traces: Sequence[Trace], turns: Sequence[Turn], base: Total
         "provider": "ctxproxy-simulator" if simulated else upstream,
         "baseline": "ctxproxy-simulator",
         "window": window,
+        "api": api_of(traces),
         "config": config,
         "route": route,
         "cached_price": CACHED_PRICE,
-        "traces": [{"name": t.name, "path": t.path, "model": t.model, "messages": len(t.messages),
+        "traces": [{"name": t.name, "path": t.path, "model": t.model, "api": t.api, "native": t.native,
+                    "messages": len(t.entries),
                     "turns": len(t.turns()), "tools": len(t.tools or []), "license": t.meta.get("license"),
                     "source": t.meta.get("source")} for t in traces],
         "turns": [t.to_json() for t in turns],

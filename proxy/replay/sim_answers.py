@@ -8,7 +8,7 @@ is the same every run.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from proxy.replay.sim_prompt import _LINE_CHARS, _SECTION_LINES, ORDINARY_ANSWER
 from proxy.rewrite.compress import summarizer
 from proxy.rewrite.compress.history import head_end
 from proxy.wire.chat.codec import CHAT
+from proxy.wire.codec import Codec
 
 # --------------------------------------------------------------------------- the proxy's own calls
 
@@ -28,6 +29,11 @@ _FAILED = re.compile(r"\b(error|errors|fail(?:ed|s|ure)?|exception|traceback|not
 _TODO = re.compile(r"\b(todo|need to|needs to|should|next|remaining|still|will)\b", re.I)
 _STOP = frozenset("what which where when how does did have been were with that this from into them they "
                   "there their about answer only question transcript tersely keeping".split())
+
+
+# A Responses transcript labels items by type: calls are the assistant's, their outputs tool results.
+_ASSISTANT_LABELS = frozenset({"assistant", "function_call", "custom_tool_call"})
+_RESULT_LABELS = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
 @dataclass
@@ -66,8 +72,8 @@ def extractive_summary(transcript: str) -> str:
     """A deterministic stand-in for ctxproxy's summary: each requested heading with lines copied from the transcript."""
     blocks = _transcript(transcript)
     user = [b for b in blocks if b.label == "user" and not (b.lines and b.lines[0].startswith("<agent_status>"))]
-    assistant = [b for b in blocks if b.label == "assistant"]
-    tools = [b for b in blocks if b.label.startswith("tool")]
+    assistant = [b for b in blocks if b.label in _ASSISTANT_LABELS]
+    tools = [b for b in blocks if b.label.startswith("tool") or b.label in _RESULT_LABELS]
     every = [line for b in blocks for line in b.lines]
     sections = {
         "Goal and constraints": _pick(user[0].lines if user else every, 3),
@@ -123,10 +129,17 @@ def _answer(kind: str, body: Mapping[str, Any]) -> str:
         return ORDINARY_ANSWER
     messages = body.get("messages") or []
     user = _content_text(messages[-1].get("content")) if len(messages) > 1 and isinstance(messages[-1], dict) else ""
+    return answer_from(kind, CHAT, messages, user)
+
+
+def answer_from(kind: str, wire: Codec, items: Sequence[Any], user: str) -> str:
+    """The answer to a request of `kind` whose items (in `wire`'s API) end with a user message of text `user`."""
+    if kind == "turn":
+        return ORDINARY_ANSWER
     if user.startswith(summarizer.COMPACTION_OPEN):  # the cached shape: the span is the conversation above
-        span = [m for m in messages[head_end(CHAT, messages):-1] if isinstance(m, dict)]
+        span = [m for m in items[head_end(wire, items):-1] if isinstance(m, dict)]
         question = user.split("\nQuestion: ", 1)[1].split("\n", 1)[0] if "\nQuestion: " in user else ""
-        user = summarizer.render(CHAT, span) + (f"\n\nQuestion: {question}" if question else "")
+        user = summarizer.render(wire, span) + (f"\n\nQuestion: {question}" if question else "")
     if kind == "summary":
         return extractive_summary(user)
     transcript, _, question = user.rpartition("\n\nQuestion: ")

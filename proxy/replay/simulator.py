@@ -1,4 +1,4 @@
-"""A built-in provider SIMULATOR: an OpenAI-compatible chat endpoint that needs no API key and calls no model.
+"""A built-in provider SIMULATOR: OpenAI-compatible chat and Responses endpoints that need no API key and call no model.
 
 It exists so that ctxproxy can be seen working without a provider
 (``ctxproxy replay --simulate``, or ``python -m proxy.replay.simulator`` to put it
@@ -40,6 +40,10 @@ Every request is appended to :attr:`Simulator.log` (kind, status, prompt,
 cached and completion tokens), so a caller can count what the provider saw,
 including the proxy's own calls. ``stream: true`` is answered as SSE, with a
 usage chunk when ``stream_options.include_usage`` is set.
+
+``POST /v1/responses`` (OpenAI's Responses API) is served by the same rules:
+its rendering of ``instructions``, ``tools`` and ``input`` items, its usage,
+error and stream shapes are in proxy/replay/sim_responses.py.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -60,6 +64,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from proxy.replay import sim_responses
 from proxy.replay.sim_answers import _answer, call_kind
 from proxy.replay.sim_prompt import (
     DEFAULT_WINDOW,
@@ -74,6 +79,9 @@ from proxy.replay.sim_prompt import (
 from proxy.tokens.encodings import ensure_encodings, get_encoding
 
 # --------------------------------------------------------------------------- the simulator
+
+_PATHS = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/models", "/healthz"})
+
 
 def error_body(message: str, *, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
@@ -125,6 +133,7 @@ class Simulator:
         self._seq = 0
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/responses", self._responses, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/healthz", self._health, methods=["GET"]),
         ])
@@ -133,10 +142,9 @@ class Simulator:
         return self.windows.get(model, self.window)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not scope["path"].startswith(("/v1/chat/completions", "/v1/models",
-                                                                     "/healthz")):
-            resp = _json(404, error_body(f"Invalid URL ({scope.get('method')} {scope['path']}) "
-                                         "(ctxproxy simulator: only /v1/chat/completions and /v1/models)"))
+        if scope["type"] == "http" and scope["path"] not in _PATHS:
+            resp = _json(404, error_body(f"Invalid URL ({scope.get('method')} {scope['path']}) (ctxproxy "
+                                         "simulator: only /v1/chat/completions, /v1/responses and /v1/models)"))
             await resp(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -180,6 +188,32 @@ class Simulator:
                                   "logprobs": None, "finish_reason": "stop"}],
                      "usage": usage}
 
+    def respond(self, body: Any, authorization: str = "") -> tuple[int, dict[str, Any]]:
+        """Answer one Responses request: (HTTP status, JSON body: a `response` or an error), and log it."""
+        if (why := sim_responses.invalid(body)) is not None:
+            model = body.get("model") if isinstance(body, dict) else None
+            self._record(SimRecord("invalid", str(model or ""), 400, 0, 0, 0, why[2]))
+            return 400, error_body(why[0], param=why[1], code=why[2])
+        model = str(body["model"])
+        kind = sim_responses.call_kind(body)
+        chunks = sim_responses.prompt_chunks(body)
+        prompt = sum(len(c) for c in chunks)
+        budget = body.get("max_output_tokens")
+        budget = budget if isinstance(budget, int) and not isinstance(budget, bool) else 0
+        if prompt + budget > self.window_for(model):
+            self._record(SimRecord(kind, model, 400, prompt, 0, 0, "context_length_exceeded"))
+            return 400, error_body(sim_responses.WINDOW_MESSAGE, param="input", code="context_length_exceeded")
+        with self._lock:
+            cached = billable_cached(self.cache.match_and_store((authorization, model), chunks))
+        text = sim_responses.answer(kind, body)
+        completion = tokens(text)
+        if budget and len(completion) > budget:
+            text = get_encoding(ENCODING).decode(list(completion[:budget]))
+            completion = completion[:budget]
+        n = self._record(SimRecord(kind, model, 200, prompt, cached, len(completion)))
+        usage = sim_responses.usage(prompt, cached, len(completion))
+        return 200, sim_responses.response_object(n, int(time.time()), body, text, usage)
+
     def _record(self, rec: SimRecord) -> int:
         with self._lock:
             self.log.append(rec)
@@ -199,6 +233,18 @@ class Simulator:
             return _json(status, out)
         include = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage") is True
         return StreamingResponse(_sse(out, include), media_type="text/event-stream",
+                                 headers={SIMULATED_HEADER: "1", "cache-control": "no-cache"})
+
+    async def _responses(self, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            return _json(400, error_body("We could not parse the JSON body of your request. (ctxproxy simulator)"))
+        status, out = self.respond(body, request.headers.get("authorization", ""))
+        if status != 200 or body.get("stream") is not True:
+            return _json(status, out)
+        return StreamingResponse(_responses_sse(out), media_type="text/event-stream",
                                  headers={SIMULATED_HEADER: "1", "cache-control": "no-cache"})
 
     async def _models(self, request: Request) -> Response:
@@ -232,6 +278,12 @@ async def _sse(done: dict[str, Any], include_usage: bool):  # type: ignore[no-un
     if include_usage:
         yield b"data: " + json.dumps({**base, "choices": [], "usage": done["usage"]}).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"
+
+
+async def _responses_sse(done: dict[str, Any]) -> AsyncIterator[bytes]:
+    for event in sim_responses.stream_events(done):
+        yield sim_responses.sse(event)
+        await asyncio.sleep(0)
 
 
 # --------------------------------------------------------------------------- serving in a thread

@@ -6,6 +6,10 @@ whose other keys - ``source``, ``license``, ... - are kept but not used), or a
 bare list of messages. Each assistant message at index i > 0 marks one turn:
 the agent sent ``messages[:i]`` (with the tools) and the model answered with
 message i. Replaying sends those requests again; the answers are ignored.
+
+A Responses trace (``api: "responses"`` with ``items``: the shared
+traces-native format) is read by proxy/replay/traces_responses.py, which also
+converts chat trajectories into Responses requests for ``--api responses``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from proxy.replay import traces_responses
 
 DEFAULT_MODEL = "gpt-4o"
 # A recorded model name worth sending on: "gpt-4o", "claude-sonnet-4-20250514", "google/gemini-3-pro-preview".
@@ -36,13 +42,28 @@ class Trace:
     tools: list[dict[str, Any]] | None = None
     model: str = DEFAULT_MODEL
     meta: dict[str, Any] = field(default_factory=dict)
+    api: Literal["chat", "responses"] = "chat"  # the API its requests are sent in
+    items: list[dict[str, Any]] | None = None  # api "responses": the input items (`tools` are then flat)
+    instructions: str | None = None  # api "responses"
+    ends: list[int] | None = None  # api "responses": each turn's input length, in items
+    native: bool = False  # recorded in the Responses API (no chat messages)
 
     def turns(self) -> list[int]:
-        """Indexes of the assistant messages that answer a request (each one is a turn)."""
+        """Per turn, how much of the trace was sent: the index of the assistant message that answered it (chat),
+        or the number of input items (Responses)."""
+        if self.ends is not None:
+            return list(self.ends)
         return [i for i, m in enumerate(self.messages) if i > 0 and m.get("role") == "assistant"]
 
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        """What `turns()` counts: the messages, or the Responses items."""
+        return self.items if self.api == "responses" and self.items is not None else self.messages
+
     def request(self, i: int) -> dict[str, Any]:
-        """The chat request the agent sent for the assistant message at index `i`."""
+        """The request the agent sent for turn `i` (an entry of `turns()`) in the trace's API."""
+        if self.api == "responses":
+            return traces_responses.request(self, i)
         body: dict[str, Any] = {"model": self.model, "messages": self.messages[:i]}
         if self.tools:
             body["tools"] = self.tools
@@ -85,6 +106,9 @@ def load_trace(path: str | Path) -> Trace:
         data = json.loads(text)
     except ValueError as e:
         raise TraceError(f"not valid JSON ({e})") from None
+    if isinstance(data, dict) and (data.get("api") not in (None, "chat")
+                                   or ("items" in data and "messages" not in data)):
+        return _native(p, data)
     if isinstance(data, list):
         messages, tools, meta, model = _check_messages(data), None, {}, DEFAULT_MODEL
     elif isinstance(data, dict):
@@ -102,6 +126,18 @@ def load_trace(path: str | Path) -> Trace:
     if not trace.turns():
         raise TraceError("no assistant message after the first message, so no turn to replay")
     return trace
+
+
+def _native(p: Path, data: dict[str, Any]) -> Trace:
+    if data.get("api") not in ("responses", None):
+        raise TraceError(f"a trace of the {data.get('api')!r} API; ctxproxy replay sends chat or Responses requests")
+    try:
+        items, tools, instructions = traces_responses.check_native(data)
+    except traces_responses.NativeTraceError as e:
+        raise TraceError(str(e)) from None
+    meta = {k: v for k, v in data.items() if k not in ("items", "tools", "instructions")}
+    return Trace(p.stem, str(p), [], tools, _model_of(data), meta, api="responses", items=items,
+                 instructions=instructions, ends=traces_responses.native_ends(items), native=True)
 
 
 def example_paths() -> list[Path]:

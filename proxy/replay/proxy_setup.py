@@ -1,0 +1,101 @@
+"""The in-process proxy of a replay: its settings (the user's, retargeted) and its logs (kept for the report).
+
+The user's configuration (or the built-in defaults) is used as it is, except
+that every route's upstream points at the simulator (or at ``--upstream``),
+the store is a temporary SQLite file, and the replayed models' window is
+``--window``: what is measured is the user's proxy, on the replay's provider.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import yaml
+
+from proxy.config import Settings, build_settings
+from proxy.errors import ConfigError
+
+
+def _read_config(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{line}: {getattr(e, 'problem', e)}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of settings")
+    return raw or {}
+
+
+def proxy_settings(config: str | None, upstream_url: str, store_dir: str, models: Sequence[str], window: int,
+                   simulate: bool) -> Settings:
+    """The user's configuration (or the defaults) with every upstream, the store and the models' window replaced."""
+    raw = copy.deepcopy(_read_config(config))
+
+    def retarget(section: Any) -> dict[str, Any]:
+        up = dict(section) if isinstance(section, dict) else {}
+        up["base_url"] = upstream_url
+        if simulate:
+            up["api_key_env"] = None  # the simulator needs no key; the replay's own header is forwarded
+        return up
+
+    raw["upstream"] = retarget(raw.get("upstream"))
+    routes = raw.get("routes")
+    if isinstance(routes, list):
+        raw["routes"] = [{**r, "upstream": retarget(r.get("upstream"))} if isinstance(r, dict) else r for r in routes]
+    raw["store"] = f"sqlite:///{os.path.join(store_dir, 'replay.db')}"
+    facts = raw.get("models") if raw.get("models") is not None else {}
+    if isinstance(facts, dict):  # anything else: build_settings names the fault
+        facts = dict(facts)
+        for m in models:
+            facts[m] = {**(facts.get(m) or {}), "context_window": window}
+        raw["models"] = facts
+    return build_settings(raw, env={}, source=config or "replay settings")
+
+
+class Collect(logging.Handler):
+    """The proxy's warnings and errors during a replay, kept for the report instead of the terminal."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = getattr(record, "fields", None) or {}
+        detail = ", ".join(f"{k}={v}" for k, v in fields.items() if k in ("error", "path", "layer"))
+        exc = f" ({record.exc_info[0].__name__}: {record.exc_info[1]})" if record.exc_info and record.exc_info[0] \
+            else ""
+        self.lines.append(f"{record.levelname.lower()}: {record.getMessage()}{exc}"
+                          + (f" [{detail}]" if detail else ""))
+
+
+@contextmanager
+def quiet_logs() -> Iterator[Collect]:
+    handler = Collect()
+    saved = []
+    for name in ("ctxproxy", "uvicorn", "uvicorn.error"):
+        lg = logging.getLogger(name)
+        saved.append((lg, lg.handlers[:], lg.propagate, lg.level))
+        lg.handlers[:] = [handler]
+        lg.propagate = False
+        lg.setLevel(logging.WARNING)
+    try:
+        yield handler
+    finally:
+        for lg, handlers, propagate, level in saved:
+            lg.handlers[:] = handlers
+            lg.propagate = propagate
+            lg.setLevel(level)
