@@ -348,7 +348,8 @@ def _render_item(it):
         return f"<|assistant|>\n\n<custom_tool_call id={it['call_id']}>{it['name']}\n{it.get('input', '')}<|end|>\n"
     if kind == "reasoning":
         texts = [p["text"] for p in (it.get("summary") or []) + (it.get("content") or []) if "text" in p]
-        secret = f"\n<encrypted>{it['encrypted_content']}" if it.get("encrypted_content") else ""
+        blob = it.get("encrypted_content")  # billed as the reasoning it carries: 3 tokens per 16 characters
+        secret = "\n<encrypted>" + " reasoning" * (len(blob) * 3 // 16) if blob else ""
         return "<|reasoning|>\n" + "\n".join(texts) + secret + "<|end|>\n"
     return f"<|{kind}|>\n{json.dumps(it, sort_keys=True)}<|end|>\n"
 
