@@ -317,3 +317,78 @@ def test_a_codex_shaped_request_keeps_custom_tools_and_its_cache_key(proxy, upst
     assert up["instructions"] == "You are Codex." and up["prompt_cache_key"] == "0199a7ae-conv"
     assert up["tools"][:2] == tools and up["include"] == ["reasoning.encrypted_content"]
     assert up["input"][5] == items[5] and HANDLE.search(up["input"][6]["output"])
+
+
+def _codex_turns(session: dict, n: int) -> list[int]:
+    items = session["items"]
+    return [i + 1 for i, it in enumerate(items) if it.get("type") in ("function_call_output",
+                                                                       "custom_tool_call_output")][:n]
+
+
+def test_two_replicas_on_redis_rewrite_a_codex_session_into_the_same_bytes(upstream, tmp_path):
+    """Alternating turns between two proxies that share Redis gives the bytes one proxy alone sends."""
+    import uuid
+
+    session, model = _codex_session(), "codex-test-32k"
+    key = f"sk-{uuid.uuid4()}"
+
+    def run(proxies: list[ProxyServer]) -> list[bytes]:
+        upstream.reset()
+        upstream.script(*[_summary_or_ok] * 400)
+        for n, k in enumerate(_codex_turns(session, 45)):
+            body = {"model": model, "input": session["items"][:k], "tools": session["tools"], "store": False,
+                    "prompt_cache_key": "conv-r"}
+            r = httpx.post(proxies[n % len(proxies)].url + "/v1/responses", content=orjson.dumps(body), timeout=60,
+                           headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
+            assert r.status_code == 200, r.text
+        return [re.sub(rb"elapsed: [^\\]+|time: [0-9T:-]+Z", b"", rq.body) for rq in upstream.requests]
+
+    def cfg(store: str):  # noqa: ANN202
+        return make_settings(upstream.base_url, store, models={model: {"context_window": 32000}},
+                             defaults={"compress": {"precompute": None}})
+
+    redis = "redis://127.0.0.1:6379/14"
+    with ProxyServer(cfg(redis)) as p1, ProxyServer(cfg(redis)) as p2:
+        via_two = run([p1, p2])
+    with ProxyServer(cfg(f"sqlite:///{tmp_path}/one.db")) as p:
+        via_one = run([p])
+    assert any(b"<context_summary>" in b for b in via_one)  # the run compacted: the replicas had to agree
+    assert via_two == via_one
+
+
+def test_the_sdk_stream_helper_gets_the_final_response(proxy, upstream):
+    with client(proxy).responses.stream(model="gpt-5", input="Say hi.") as stream:
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert text and final.output_text == text and final.usage.input_tokens > 0
+
+
+def test_the_agents_sdk_streams_a_tool_loop_with_the_read_round_hidden(proxy, upstream):
+    import asyncio
+
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+
+    @function_tool
+    def read_log() -> str:
+        """Read the application log."""
+        return big_log()
+
+    upstream.script({"tool_calls": [{"name": "read_log", "arguments": {}}]}, _read_call_for_placeholder,
+                    "The bad item is 7919.")
+    model = OpenAIResponsesModel(model="gpt-5", openai_client=openai.AsyncOpenAI(base_url=proxy.url + "/v1",
+                                                                                   api_key=KEY, max_retries=0))
+    agent = Agent(name="debugger", instructions="Find the bad item.", tools=[read_log], model=model)
+
+    async def go() -> tuple[str, list[str]]:
+        result = Runner.run_streamed(agent, "Which item is bad?")
+        kinds = [getattr(e, "type", "") for e in [e async for e in result.stream_events()]]
+        return str(result.final_output), kinds
+
+    final, kinds = asyncio.run(go())
+    assert final == "The bad item is 7919." and "raw_response_event" in kinds
+    streamed = [r for r in upstream.requests if r.path == "/v1/responses"]
+    assert len(streamed) == 3 and all(r.json.get("stream") is True for r in streamed)
+    called = [json.dumps(r.json["input"]) for r in streamed]
+    assert "context_read" not in called[0] and any('"name": "context_read"' in c for c in called[2:])
