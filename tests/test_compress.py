@@ -195,6 +195,19 @@ def test_failing_summarizer_never_fails_the_request(upstream, tmp_path):
         assert not any(is_summary_call(x.json) for x in upstream.requests[n:])
 
 
+def test_an_archived_span_keeps_its_identifiers_in_the_note(upstream, tmp_path):
+    """When no summary can be had, the archive note still lists the span's paths verbatim (code-written), so the
+    names the agent acted on are not lost with the messages."""
+    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
+        upstream.fail_next(500, {"error": {"message": "summarizer down", "type": "server_error"}})
+        r = post(p, agent_run(20))
+        assert r.status_code == 200 and r.headers["x-ctxproxy-compacted"] == "archive"
+    note = next(m["content"] for m in json.loads(upstream.requests[-1].body)["messages"]
+                if isinstance(m.get("content"), str) and "were archived" in m["content"])
+    assert "## Identifiers (verbatim from the compacted messages)" in note
+    assert "src/app/module_3.py" in note  # a file the agent read inside the archived span
+
+
 def test_hanging_summarizer_times_out_into_a_fallback(upstream, tmp_path):
     with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", summary_timeout=0.3,
                               min_clear_tokens=100_000)) as p:

@@ -231,9 +231,17 @@ class Compress:
             return layer1, "clear", {"cleared": n, "fallback": True, **why}
         handle = content_handle("span", render(wire, span))
         await archive.put_text(handle, render(wire, span))
-        note = wire.message("user", (
-            f"{PLACEHOLDER_MARK} {len(span)} earlier messages ({sum(counts[h:t]):,} tokens) were archived to fit "
-            f"the context window and could not be summarized. Read them with {read_call(tool, handle)}]"))
+        text = (f"{PLACEHOLDER_MARK} {len(span)} earlier messages ({sum(counts[h:t]):,} tokens) were archived to "
+                f"fit the context window and could not be summarized. Read them with {read_call(tool, handle)}]")
+        bare = with_tail(msgs[:h] + [wire.message("user", text)],
+                         counts[:h] + default_counter.message_counts([wire.message("user", text)], model))
+        # The identifiers of what was archived go with it, as under a summary, where there is room for them:
+        # without them a later summary cannot know the names the archived messages (or their summary) held.
+        room_left = min(ctx.window * s.identifiers_max_share, room - sum(bare.counts) - fixed)
+        listing = self._identifier_listing(wire, span, model, room_left) if room_left > 0 else ""
+        if not listing:
+            return bare, "archive", {"archived": len(span), **why}
+        note = wire.message("user", text + "\n" + listing)
         return with_tail(msgs[:h] + [note], counts[:h] + default_counter.message_counts([note], model)), "archive", \
             {"archived": len(span), **why}
 
@@ -271,6 +279,16 @@ class Compress:
             n += 1
         return out, out_counts, n
 
+    def _identifier_listing(self, wire: Codec, span: list[Any], model: Any, budget: float) -> str:
+        """The span's identifiers, ranked, verbatim, within `budget` tokens: code-written, never paraphrased."""
+        ids: list[str] = []
+        for ident in identifiers(wire, span, self.settings.identifiers_cap):
+            budget -= default_counter.count_text(ident, model) + 1
+            if budget < 0:
+                break
+            ids.append(ident)
+        return "\n## Identifiers (verbatim from the compacted messages)\n" + "\n".join(ids) if ids else ""
+
     async def summary_for(self, conv: Conversation, ctx: RequestContext, archive: Archive, h: int, t: int,
                           view: View, tool: str) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
         """The summary message for view.messages[h:t], the usage of its calls and its handle.
@@ -303,14 +321,7 @@ class Compress:
         if problem is not None:
             raise SummaryRejected(problem, usage)
         await archive.put_text(handle, full)
-        ids: list[str] = []
-        ids_budget = ctx.window * s.identifiers_max_share
-        for ident in identifiers(wire, span, s.identifiers_cap):
-            ids_budget -= default_counter.count_text(ident, model) + 1
-            if ids_budget < 0:
-                break
-            ids.append(ident)
-        listing = "\n## Identifiers (verbatim from the compacted messages)\n" + "\n".join(ids) if ids else ""
+        listing = self._identifier_listing(wire, span, model, ctx.window * s.identifiers_max_share)
         message = wire.message("user", (
             f"{SUMMARY_OPEN}\n{PLACEHOLDER_MARK} {len(span)} earlier messages ({tokens:,} tokens) were compacted "
             f"into this summary; the full transcript: {read_call(tool, handle)}]\n\n{text}\n{listing}\n"
