@@ -314,24 +314,9 @@ def test_replay_to_an_upstream_counts_the_proxys_own_calls(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- the Responses API
 
-def _native_dir() -> Path:
-    """The shared traces-native corpus beside the repository (beside the main checkout, from a worktree)."""
-    here = [ROOT.parent]
-    common = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--path-format=absolute", "--git-common-dir"],
-                            capture_output=True, text=True).stdout.strip()
-    if common:
-        here.append(Path(common).parent.parent)
-    for base in here:
-        if (base / "shared" / "traces-native").is_dir():
-            return base / "shared" / "traces-native"
-    pytest.fail(f"the shared traces-native corpus is missing (looked beside {', '.join(map(str, here))})")
-
-
 def _codex_trace() -> Path:
-    hits = sorted(_native_dir().glob("01_codex_*.json"))
-    if not hits:
-        pytest.fail("no 01_codex_* trace in the traces-native corpus")
-    return hits[0]
+    """A real Codex CLI session in Responses shape, shipped with the tests (tests/data/NOTICE.md)."""
+    return Path(__file__).resolve().parent / "data" / "02_codex_moonmind_gpt-5.1-codex_019a802a.json"
 
 
 def _render_item(it):
