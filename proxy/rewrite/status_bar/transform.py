@@ -34,7 +34,7 @@ from proxy.rewrite.status_bar.trajectory import (
     looks_like_error,
 )
 from proxy.store.keys import session_key
-from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
+from proxy.tokens.counter import default_counter
 from proxy.tokens.session_memo import RequestMemo, without
 from proxy.wire.conversation import Conversation, RequestContext
 
@@ -128,7 +128,7 @@ class StatusBar:
         await ctx.store.put_json(clock_key, {"first": clock["first"], "last": now})
         model = conv.model
         msgs = conv.messages
-        used = sum(conv.counts(msgs)) + REPLY_PRIMING_TOKENS + default_counter.count_tools(conv.tools, model)
+        used = sum(conv.counts(msgs)) + conv.fixed_tokens()
         text = self.render(traj, conv, ctx.window, used, now - clock["first"], now - clock["last"], now,
                            compressed=self.compressed)
         status = conv.wire.message(self.settings.role, text)
