@@ -122,6 +122,10 @@ class StatusBar:
         traj, n, prev = anchor.trajectory, anchor.at, anchor.prev
         if conv.messages and is_status(conv.wire, conv.messages[-1]):
             return conv  # the status recorded for exactly this history (a retry): already in place
+        if conv.messages and conv.wire.role(conv.messages[-1]) == "assistant":
+            # the client prefills the answer: a status after it would end the turn it asked the model to continue
+            conv.events.append(StatusSkipped("the request ends with the assistant's own words"))
+            return conv
         status_key, clock_key = _keys(ctx)
         now = time.time()
         clock = await ctx.store.get_json(clock_key) or {"first": now, "last": now}
