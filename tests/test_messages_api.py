@@ -379,3 +379,19 @@ def test_the_same_session_is_the_same_bytes_across_a_restart_and_two_replicas_on
     with ProxyServer(cfg(redis)) as p1, ProxyServer(cfg(redis)) as p2:
         _send_turns(lambda n: (p1, p2)[n % 2], upstream, model, key, requests)
     assert _bodies(upstream) == via_one
+
+
+def test_anthropics_prompt_too_long_teaches_the_window_and_the_turn_is_retried(upstream, tmp_path):
+    """The proxy thinks claude-* has 200k; this provider's model has 16k and says so the Anthropic way."""
+    model = "claude-sonnet-4-6-16k"
+    _fresh(upstream)
+    learned = []
+    with ProxyServer(settings(upstream, tmp_path, defaults={"compress": {"precompute": None}})) as p:
+        for msgs in _long_session(30):
+            r = httpx.post(p.url + "/v1/messages", timeout=60, headers={"x-api-key": KEY, "x-session-id": "learn"},
+                           content=orjson.dumps({"model": model, "max_tokens": 1024, "tools": TOOLS, "messages": msgs}))
+            assert r.status_code == 200, r.text  # the client never sees the overflow
+            learned += [int(r.headers["x-ctxproxy-window-learned"])] if "x-ctxproxy-window-learned" in r.headers else []
+    rejected = [rq for rq in upstream.requests if rq.status == 400]
+    assert len(rejected) == 1
+    assert len(learned) == 1 and 14_000 < learned[0] <= 16_000
