@@ -19,6 +19,7 @@ JSON in DIR/<step>.json:
   overhead      bench.overhead --litellm (direct / ctxproxy / floor / LiteLLM interleaved)
   scaling       bench.scaling (CPU per request, 10 to 1,000 messages)
   tokens        bench.token_count
+  exact-json    bench.exact_json (the exact parse of a body full of long digit runs, against orjson)
   plot          bench.plot DIR/replay-32k.json -o DIR/results.png
 
 Every step runs with ``PYTHONPATH=<snapshot>:<repository>``: ``proxy`` is
@@ -76,6 +77,7 @@ def steps(out: str, src: str, quick: bool) -> list[tuple[str, list[str]]]:
         ("scaling", module("scaling") + ["--proxy-src", src, *(["--runs", "8"] if quick else []),
                                          "--json", f"{out}/scaling.json"]),
         ("tokens", module("token_count")),
+        ("exact-json", module("exact_json")),
         ("plot", module("plot") + [f"{out}/replay-32k.json", "-o", f"{out}/results.png"]),
     ]
 
