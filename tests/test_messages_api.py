@@ -395,3 +395,32 @@ def test_anthropics_prompt_too_long_teaches_the_window_and_the_turn_is_retried(u
     rejected = [rq for rq in upstream.requests if rq.status == 400]
     assert len(rejected) == 1
     assert len(learned) == 1 and 14_000 < learned[0] <= 16_000
+
+
+def test_claude_code_moving_its_breakpoint_is_not_a_cache_break(proxy, upstream):
+    """Each turn Claude Code marks its newest block and unmarks the one before; the cache ignores the marker."""
+    mark = {"type": "ephemeral"}
+    system = [{"type": "text", "text": "You are Claude Code. " + "Rules. " * 900, "cache_control": mark}]
+    turns = _long_session(4)
+    for msgs in turns:
+        msgs = json.loads(json.dumps(msgs))
+        msgs[-1]["content"][-1]["cache_control"] = mark
+        r = post(proxy, {"model": "claude-sonnet-4-6", "max_tokens": 256, "system": system, "tools": TOOLS,
+                         "messages": msgs}, **{"x-session-id": "moving-mark"})
+        assert r.status_code == 200, r.text
+        assert "x-ctxproxy-cache-break" not in r.headers, r.headers["x-ctxproxy-cache-break"]
+    assert upstream.requests[-1].usage["cache_read_input_tokens"] > 0
+
+
+def test_a_summary_call_in_the_cached_shape_reads_the_agents_cache(upstream, tmp_path):
+    """Anthropic reads its cache only at breakpoints: the summary call carries one at the end of its prefix."""
+    model = "claude-test-16k"
+    s = settings(upstream, tmp_path, models={model: {"context_window": 16000}},
+                 defaults={"compress": {"precompute": None}})
+    _fresh(upstream)
+    with ProxyServer(s) as p:
+        _send_turns(lambda n: p, upstream, model, KEY, _long_session(40))
+    calls = [rq for rq in upstream.requests if b"compacting it" in rq.body]
+    assert calls, "the session should have been compacted with a cached-shape summary"
+    assert all(rq.body.count(b'"cache_control"') >= 1 for rq in calls)
+    assert sum(rq.usage["cache_read_input_tokens"] for rq in calls) > 0

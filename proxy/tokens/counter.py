@@ -117,15 +117,27 @@ def _canonical_bytes(obj: Any) -> bytes:
 
 
 def _digest(obj: Any) -> bytes:
-    return hashlib.blake2b(_canonical_bytes(obj), digest_size=16).digest()
+    canonical = _canonical_bytes(obj)
+    if b'"cache_control":' in canonical:  # a cache marker is not content: providers match prefixes without it
+        canonical = _canonical_bytes(_unmarked(obj))
+    return hashlib.blake2b(canonical, digest_size=16).digest()
+
+
+def _unmarked(v: Any) -> Any:
+    """`v` without its `cache_control` keys, at any depth (Claude Code moves its marker every turn)."""
+    if isinstance(v, Mapping):
+        return {k: _unmarked(x) for k, x in v.items() if k != "cache_control"}
+    if isinstance(v, list):
+        return [_unmarked(x) for x in v]
+    return v
 
 
 def message_digest(message: Mapping[str, Any]) -> bytes:
     """16-byte blake2b of the message's canonical JSON (sorted keys, orjson).
 
     The one place a message is hashed: equal messages (as JSON values, key
-    order ignored) give equal digests on any process; use it for caches and
-    hash chains.
+    order ignored, cache markers left out) give equal digests on any process;
+    use it for caches and hash chains.
     """
     return _digest(message)
 

@@ -61,26 +61,37 @@ async def account_stream(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage
     StreamCutShort after the last event, so the client is told instead of
     mistaking a truncated answer for a whole one.
     """
-    buffer = bytearray()
     finished = False
+
+    def keep(ev: bytes) -> bool:
+        nonlocal finished
+        if not finished and (b"[DONE]" in ev or _FINISHED.search(ev)):
+            finished = True
+        if b'"usage":{' in ev or b'"usage": {' in ev:
+            chunk = event_data(ev)
+            if is_usage_chunk(chunk):
+                usage = parse_usage(chunk["usage"])
+                if usage is not None:
+                    on_usage(usage)
+                return not hide_usage
+        return True
+
+    async for out in passed_events(chunks, keep):
+        yield out
+    if not finished:
+        raise StreamCutShort("the provider closed the stream before it finished")
+
+
+async def passed_events(chunks: AsyncIterator[bytes], keep: Callable[[bytes], bool]) -> AsyncIterator[bytes]:
+    """The stream's events as they complete, each looked at once (`keep` False drops one); then any partial rest.
+
+    What every codec's stream watcher shares: it reads each whole event as it passes and forwards it.
+    """
+    buffer = bytearray()
     async for raw in chunks:
         buffer += raw.replace(b"\r\n", b"\n") if b"\r" in raw else raw
-        out = []
-        for ev in split_events(buffer):
-            if not finished and (b"[DONE]" in ev or _FINISHED.search(ev)):
-                finished = True
-            if b'"usage":{' in ev or b'"usage": {' in ev:
-                chunk = event_data(ev)
-                if is_usage_chunk(chunk):
-                    usage = parse_usage(chunk["usage"])
-                    if usage is not None:
-                        on_usage(usage)
-                    if hide_usage:
-                        continue
-            out.append(ev)
+        out = [ev for ev in split_events(buffer) if keep(ev)]
         if out:
             yield b"".join(out)
     if buffer:
         yield bytes(buffer)
-    if not finished:
-        raise StreamCutShort("the provider closed the stream before it finished")

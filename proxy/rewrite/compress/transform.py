@@ -78,6 +78,24 @@ def room_after(s: CompressSettings, window: int) -> int:
     return int((s.target + max(s.target, s.trigger)) / 2 * window)
 
 
+def marked_at_end(conv: Conversation, prefix: list[Message], limit: int) -> list[Message]:
+    """The prefix with a cache breakpoint on its last markable item, where the provider reads its cache only at
+    breakpoints (Anthropic's Messages API): the summary call then reads what the agent's turns wrote (the
+    provider looks 20 blocks back from a breakpoint). Within the 4 allowed, the client's own counted."""
+    wire = conv.wire
+    if wire.family != "anthropic":
+        return prefix
+    if len(wire.fixed_marks(conv.body)) + sum(wire.has_breakpoint(m) for m in prefix) >= limit:
+        return prefix
+    for i in range(len(prefix) - 1, -1, -1):
+        if wire.has_breakpoint(prefix[i]):
+            return prefix  # already marked at its end
+        marked = wire.with_breakpoint(prefix[i], "anthropic")
+        if marked is not None:
+            return [*prefix[:i], marked, *prefix[i + 1:]]
+    return prefix
+
+
 class Compress:
     name: ClassVar[str] = "compress"
     Settings: ClassVar[type[BaseModel]] = CompressSettings
@@ -256,7 +274,8 @@ class Compress:
                 + summary_tokens(s, ctx.window) > ctx.window:
             return None
         extra = {**conv.wire.summary_fields(conv.body), **cache_fields(self.peers.cache_hints, conv, ctx)}
-        return CachedPrefix(view.messages[:t], tools, extra)
+        limit = self.peers.cache_hints.max_breakpoints if self.peers.cache_hints else 4  # Anthropic's limit
+        return CachedPrefix(marked_at_end(conv, view.messages[:t], limit), tools, extra)
 
     async def _clear(self, wire: Codec, msgs: list[Message], counts: list[int], h: int, archive: Archive, tool: str,
                      model: Any) -> tuple[list[Message], list[int], int]:

@@ -20,6 +20,7 @@ from proxy.wire.chat.round_usage import summed_body, summed_stream
 from proxy.wire.chat.validate import check_messages, parse_body
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
 from proxy.wire.openai_body import OpenAIBody
+from proxy.wire.parts import texts, with_first_text
 from proxy.wire.sse import account_stream
 
 if TYPE_CHECKING:
@@ -34,11 +35,7 @@ _OUTPUT_KEYS = ("max_completion_tokens", "max_tokens")
 
 
 def _texts(content: Any) -> list[str]:
-    if isinstance(content, str):
-        return [content]
-    if isinstance(content, list):
-        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
-    return []
+    return texts(content, None)  # any part with a text
 
 
 class ChatCompletions(OpenAIBody):
@@ -109,15 +106,7 @@ class ChatCompletions(OpenAIBody):
         content = item.get("content")
         if not isinstance(content, list):
             return {**item, "content": text}
-        parts, placed = [], False
-        for p in content:
-            if isinstance(p, dict) and isinstance(p.get("text"), str):
-                if not placed:
-                    parts.append({**p, "text": text})
-                    placed = True
-                continue
-            parts.append(p)
-        return {**item, "content": parts}
+        return {**item, "content": with_first_text(content, text, None)}
 
     def replaced(self, item: Item, text: str) -> Item:
         return {**item, "content": text}

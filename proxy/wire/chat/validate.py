@@ -15,10 +15,9 @@ import orjson
 
 from proxy.errors import BadRequest
 from proxy.wire import jsonio
+from proxy.wire.body import check_writable
 
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
-# orjson re-serializes at most this deep; a body the proxy could not write back is refused up front.
-_MAX_DEPTH = 254
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -29,7 +28,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
     try:
         check_chat_body(body, messages_too=False)
-        _check_writable({k: v for k, v in body.items() if k != "messages"})
+        check_writable({k: v for k, v in body.items() if k != "messages"})
     except BadRequest:
         check_chat_body(body)  # a bad message comes first, as it always has
         raise
@@ -46,15 +45,7 @@ def check_messages(body: dict[str, Any], start: int = 0) -> None:
     new = body["messages"][start:]
     if not _messages_valid(new):
         check_chat_body(body)  # raises, naming the first bad message
-    _check_writable({"messages": new})
-
-
-def _check_writable(part: dict[str, Any]) -> None:
-    """`part` sits at the body's own level, so orjson's depth limit applies to it as to the body."""
-    try:
-        jsonio.dumps(part)
-    except orjson.JSONEncodeError:
-        raise BadRequest(f"request body is nested deeper than {_MAX_DEPTH} levels", code="invalid_json") from None
+    check_writable({"messages": new})
 
 
 _TYPES_CONTENT = frozenset({type(None), str, list})

@@ -25,6 +25,7 @@ from proxy.wire.messages import rounds as messages_rounds
 from proxy.wire.messages.items import ORIGINS, is_block, join, split
 from proxy.wire.messages.validate import parse_body
 from proxy.wire.openai_body import OpenAIBody
+from proxy.wire.parts import texts, with_first_text
 
 if TYPE_CHECKING:
     from proxy.store.archive import Archive
@@ -33,13 +34,11 @@ if TYPE_CHECKING:
 _UNMARKABLE = frozenset({"thinking", "redacted_thinking"})  # the API refuses cache_control on these
 
 
+_TEXT = frozenset({"text"})
+
+
 def _texts(content: Any) -> list[str]:
-    if isinstance(content, str):
-        return [content]
-    if isinstance(content, list):
-        return [b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
-                and isinstance(b.get("text"), str)]
-    return []
+    return texts(content, _TEXT)
 
 
 def mark(ttl: str | None) -> dict[str, Any]:
@@ -140,15 +139,7 @@ class Messages(OpenAIBody):
         content = item.get("content")
         if not isinstance(content, list):
             return {**item, "content": text}
-        blocks, placed = [], False
-        for b in content:
-            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str):
-                if not placed:
-                    blocks.append({**b, "text": text})
-                    placed = True
-                continue
-            blocks.append(b)
-        return {**item, "content": blocks}
+        return {**item, "content": with_first_text(content, text, _TEXT)}
 
     def replaced(self, item: Item, text: str) -> Item:
         return {**item, "content": text}

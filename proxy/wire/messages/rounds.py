@@ -24,34 +24,17 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.accounting.usage import Usage, parse_usage, summed, usage_of_body
+from proxy.accounting.usage import Usage, parse_usage, usage_of_body
 from proxy.rewrite.context_read.tool import answer
-from proxy.store.archive import Archive
 from proxy.upstream.client import iter_raw, read_body
-from proxy.wire.chat.reply import hidden_failure, provider_error
+from proxy.wire.chat.reply import hidden_failure
 from proxy.wire.codec import Send
-from proxy.wire.conversation import Conversation, ReadTool
-from proxy.wire.sse import StreamCutShort, event_data, split_events
+from proxy.wire.hidden_rounds import HiddenRounds, read_answer
+from proxy.wire.sse import StreamCutShort, event_data, passed_events, split_events
 
 
-class Rounds:
+class Rounds(HiddenRounds):
     """Builds the follow-up requests of one client request; counts what it did."""
-
-    def __init__(self, conv: Conversation, tool: ReadTool, archive: Archive) -> None:
-        self.conv, self.tool, self.archive = conv, tool, archive
-        self.messages = list(conv.messages)  # the items as they grow (what accounting reads as the rounds)
-        self.done = 0
-        self.own: Usage | None = None
-        self.usages: list[Usage] = []
-
-    @property
-    def last(self) -> bool:
-        return self.done >= self.tool.max_rounds
-
-    def add_own(self, usage: Usage | None) -> None:
-        if usage is not None:
-            self.own = usage if self.own is None else self.own + usage
-            self.usages.append(usage)
 
     def is_ours(self, block: Any) -> bool:
         return isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == self.tool.name
@@ -69,43 +52,20 @@ class Rounds:
         body = {**self.conv.body, "messages": self.messages}
         return self.conv.style.dumps(self.conv.wire.render(body))
 
-    def summed_usage(self, final: Any) -> Any:
-        raw = [u.raw for u in self.usages if u.raw is not None]
-        return summed([*raw, final]) if raw and isinstance(final, dict) else final
-
 
 def _tool_uses(content: list[Any]) -> list[Any]:
     return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
-
-
-def _is_error_body(content: bytes) -> bool:
-    try:
-        return provider_error(orjson.loads(content)) is not None
-    except orjson.JSONDecodeError:
-        return False
 
 
 async def complete(send: Send, first: httpx.Response, url: str, rounds: Rounds) -> tuple[httpx.Response, bytes]:
     """Non-streaming: the final message and its body."""
     resp = first
     while True:
-        content = await read_body(resp, url)
         hidden = rounds.done > 0
-        ctype = resp.headers.get("content-type", "")
-        if resp.status_code != 200:
-            if hidden and not _is_error_body(content):
-                raise hidden_failure(resp.status_code, content, ctype, "an error status without an error body")
+        content, data = await read_answer(resp, url, hidden, "content", "a message object")
+        if data is None:
             return resp, content
-        try:
-            data = orjson.loads(content)
-        except orjson.JSONDecodeError:
-            data = None
-        blocks = data.get("content") if isinstance(data, dict) and data.get("type") == "message" else None
-        if not isinstance(blocks, list):
-            if hidden:
-                raise hidden_failure(resp.status_code, content, ctype, "not a message object")
-            return resp, content
-        assert isinstance(data, dict)
+        blocks = data["content"]
         ours = [b for b in blocks if rounds.is_ours(b)]
         if not ours:
             if not hidden:
@@ -272,29 +232,26 @@ def _final_delta(r: _Round, rounds: Rounds) -> bytes:
 
 async def watch(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None]) -> AsyncIterator[bytes]:
     """Pass events through as they complete; report the usage of message_start and message_delta combined."""
-    buffer = bytearray()
     finished = False
     usage: dict[str, Any] = {}
-    async for raw in chunks:
-        buffer += raw.replace(b"\r\n", b"\n") if b"\r" in raw else raw
-        out = []
-        for ev in split_events(buffer):
-            if b'"usage"' in ev or b"message_stop" in ev or b'"error"' in ev:
-                data = event_data(ev)
-                kind = data.get("type") if isinstance(data, dict) else None
-                message = data.get("message") if isinstance(data, dict) else None
-                if kind == "message_start" and isinstance(message, dict) and isinstance(message.get("usage"), dict):
-                    usage = dict(message["usage"])
-                elif kind == "message_delta" and isinstance(data.get("usage"), dict):
-                    usage.update(data["usage"])
-                elif kind in ("message_stop", "error"):
-                    finished = True
-                if kind in ("message_start", "message_delta") and (parsed := parse_usage(usage)) is not None:
-                    on_usage(parsed)
-            out.append(ev)
-        if out:
-            yield b"".join(out)
-    if buffer:
-        yield bytes(buffer)
+
+    def keep(ev: bytes) -> bool:
+        nonlocal finished, usage
+        if b'"usage"' in ev or b"message_stop" in ev or b'"error"' in ev:
+            data = event_data(ev)
+            kind = data.get("type") if isinstance(data, dict) else None
+            message = data.get("message") if isinstance(data, dict) else None
+            if kind == "message_start" and isinstance(message, dict) and isinstance(message.get("usage"), dict):
+                usage = dict(message["usage"])
+            elif kind == "message_delta" and isinstance(data.get("usage"), dict):
+                usage.update(data["usage"])
+            elif kind in ("message_stop", "error"):
+                finished = True
+            if kind in ("message_start", "message_delta") and (parsed := parse_usage(usage)) is not None:
+                on_usage(parsed)
+        return True
+
+    async for out in passed_events(chunks, keep):
+        yield out
     if not finished:
         raise StreamCutShort("the provider closed the stream before message_stop")

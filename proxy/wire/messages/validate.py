@@ -16,21 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from proxy.errors import BadRequest
-from proxy.wire import jsonio
-
-_MAX_DEPTH = 254
+from proxy.wire.body import check_writable, load_object
 
 
 def parse_body(raw: bytes, *, need_max_tokens: bool = True) -> dict[str, Any]:
-    try:
-        body = jsonio.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
+    body = load_object(raw)
     if not isinstance(body.get("model"), str):
         raise BadRequest("model: Field required" if "model" not in body else "model: Input should be a valid string",
                          param="model")
@@ -53,10 +44,7 @@ def parse_body(raw: bytes, *, need_max_tokens: bool = True) -> dict[str, Any]:
             if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
                 raise BadRequest(f"tools.{i}.name: Field required", param=f"tools.{i}.name")
     _check_messages(body.get("messages", None) if "messages" in body else _missing())
-    try:
-        jsonio.dumps(body)
-    except orjson.JSONEncodeError:
-        raise BadRequest(f"request body is nested deeper than {_MAX_DEPTH} levels", code="invalid_json") from None
+    check_writable(body)
     return body
 
 

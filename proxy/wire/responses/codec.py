@@ -19,6 +19,7 @@ import httpx
 from proxy.accounting.usage import Usage
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
 from proxy.wire.openai_body import OpenAIBody
+from proxy.wire.parts import texts, with_first_text
 from proxy.wire.responses import rounds as responses_rounds
 from proxy.wire.responses.validate import check_items, parse_body
 
@@ -39,12 +40,7 @@ def _kind(item: Item) -> Any:
 
 
 def _texts(content: Any) -> list[str]:
-    if isinstance(content, str):
-        return [content]
-    if isinstance(content, list):
-        return [p["text"] for p in content if isinstance(p, dict) and p.get("type") in _TEXT_PARTS
-                and isinstance(p.get("text"), str)]
-    return []
+    return texts(content, _TEXT_PARTS)
 
 
 def _text_field(item: Item) -> str | None:
@@ -148,15 +144,7 @@ class Responses(OpenAIBody):
         value = item.get(field)
         if not isinstance(value, list):
             return {**item, field: text}
-        parts, placed = [], False
-        for p in value:
-            if isinstance(p, dict) and p.get("type") in _TEXT_PARTS and isinstance(p.get("text"), str):
-                if not placed:
-                    parts.append({**p, "text": text})
-                    placed = True
-                continue
-            parts.append(p)
-        return {**item, field: parts}
+        return {**item, field: with_first_text(value, text, _TEXT_PARTS)}
 
     def replaced(self, item: Item, text: str) -> Item:
         field = _text_field(item)

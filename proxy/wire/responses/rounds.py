@@ -20,38 +20,20 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.accounting.usage import Usage, parse_usage, summed, usage_of_body
+from proxy.accounting.usage import Usage, parse_usage, usage_of_body
 from proxy.rewrite.context_read.tool import answer
-from proxy.store.archive import Archive
 from proxy.upstream.client import iter_raw, read_body
 from proxy.wire.chat.reply import hidden_failure, provider_error
 from proxy.wire.codec import Send
-from proxy.wire.conversation import Conversation, ReadTool
-from proxy.wire.sse import StreamCutShort, event_data, split_events
+from proxy.wire.hidden_rounds import HiddenRounds, read_answer
+from proxy.wire.sse import StreamCutShort, event_data, passed_events, split_events
 
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _CALL_TYPES = frozenset({"function_call", "custom_tool_call"})
 
 
-class Rounds:
+class Rounds(HiddenRounds):
     """Builds the follow-up requests of one client request; counts what it did."""
-
-    def __init__(self, conv: Conversation, tool: ReadTool, archive: Archive) -> None:
-        self.conv, self.tool, self.archive = conv, tool, archive
-        self.messages = list(conv.messages)  # the input as it grows (what accounting reads as the rounds)
-        self.done = 0
-        self.own: Usage | None = None
-        self.usages: list[Usage] = []
-        self._added: list[Any] = []  # items appended since the client's input
-
-    @property
-    def last(self) -> bool:
-        return self.done >= self.tool.max_rounds
-
-    def add_own(self, usage: Usage | None) -> None:
-        if usage is not None:
-            self.own = usage if self.own is None else self.own + usage
-            self.usages.append(usage)
 
     def is_ours(self, item: Any) -> bool:
         return isinstance(item, dict) and item.get("type") == "function_call" and item.get("name") == self.tool.name
@@ -73,39 +55,16 @@ class Rounds:
             body["input"] = self.messages
         return self.conv.style.dumps(body)
 
-    def summed_usage(self, final: Any) -> Any:
-        raw = [u.raw for u in self.usages if u.raw is not None]
-        return summed([*raw, final]) if raw and isinstance(final, dict) else final
-
-
-def _is_error_body(content: bytes) -> bool:
-    try:
-        return provider_error(orjson.loads(content)) is not None
-    except orjson.JSONDecodeError:
-        return False
-
 
 async def complete(send: Send, first: httpx.Response, url: str, rounds: Rounds) -> tuple[httpx.Response, bytes]:
     """Non-streaming: the final response and its body (a first reply the loop cannot read comes as it came)."""
     resp = first
     while True:
-        content = await read_body(resp, url)
         hidden = rounds.done > 0
-        ctype = resp.headers.get("content-type", "")
-        if resp.status_code != 200:
-            if hidden and not _is_error_body(content):
-                raise hidden_failure(resp.status_code, content, ctype, "an error status without an error body")
+        content, data = await read_answer(resp, url, hidden, "output", "a response object")
+        if data is None:
             return resp, content
-        try:
-            data = orjson.loads(content)
-        except orjson.JSONDecodeError:
-            data = None
-        output = data.get("output") if isinstance(data, dict) else None
-        if not isinstance(output, list):
-            if hidden:
-                raise hidden_failure(resp.status_code, content, ctype, "not a response object")
-            return resp, content
-        assert isinstance(data, dict)
+        output = data["output"]
         ours = [it for it in output if rounds.is_ours(it)]
         if not ours:
             if not hidden:
@@ -241,27 +200,24 @@ def _renumbered_terminal(data: dict[str, Any], r: _Renumber) -> bytes:
 
 async def watch(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None]) -> AsyncIterator[bytes]:
     """Pass events through as they complete; report the terminal event's usage; StreamCutShort if none came."""
-    buffer = bytearray()
     finished = False
-    async for raw in chunks:
-        buffer += raw.replace(b"\r\n", b"\n") if b"\r" in raw else raw
-        out = []
-        for ev in split_events(buffer):
-            if not finished and (b"response.completed" in ev or b"response.incomplete" in ev
-                                 or b"response.failed" in ev or b'"type":"error"' in ev):
-                data = event_data(ev)
-                if isinstance(data, dict) and data.get("type") in _TERMINAL:
-                    finished = True
-                    response = data.get("response")
-                    usage = parse_usage(response.get("usage")) if isinstance(response, dict) else None
-                    if usage is not None:
-                        on_usage(usage)
-                elif isinstance(data, dict) and data.get("type") == "error":
-                    finished = True
-            out.append(ev)
-        if out:
-            yield b"".join(out)
-    if buffer:
-        yield bytes(buffer)
+
+    def keep(ev: bytes) -> bool:
+        nonlocal finished
+        if not finished and (b"response.completed" in ev or b"response.incomplete" in ev
+                             or b"response.failed" in ev or b'"type":"error"' in ev):
+            data = event_data(ev)
+            if isinstance(data, dict) and data.get("type") in _TERMINAL:
+                finished = True
+                response = data.get("response")
+                usage = parse_usage(response.get("usage")) if isinstance(response, dict) else None
+                if usage is not None:
+                    on_usage(usage)
+            elif isinstance(data, dict) and data.get("type") == "error":
+                finished = True
+        return True
+
+    async for out in passed_events(chunks, keep):
+        yield out
     if not finished:
         raise StreamCutShort("the provider closed the stream before response.completed")

@@ -13,26 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from proxy.errors import BadRequest
-from proxy.wire import jsonio
+from proxy.wire.body import check_writable, load_object
 
 _MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant"})
 _CALLS = frozenset({"function_call", "custom_tool_call"})
 _OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 _CALL_FIELDS = {"function_call": ("call_id", "name", "arguments"), "custom_tool_call": ("call_id", "name", "input")}
-_MAX_DEPTH = 254
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
     """Parse and check a Responses body, all but its input items."""
-    try:
-        body = jsonio.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
+    body = load_object(raw)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string", param="model")
@@ -48,10 +40,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
             raise BadRequest(f"tools[{i}] must be an object with a string type", param=f"tools[{i}]")
         if not isinstance(tool.get("name", ""), str):
             raise BadRequest(f"tools[{i}].name must be a string", param=f"tools[{i}].name")
-    try:
-        jsonio.dumps(body)
-    except orjson.JSONEncodeError:
-        raise BadRequest(f"request body is nested deeper than {_MAX_DEPTH} levels", code="invalid_json") from None
+    check_writable(body)
     return body
 
 

@@ -1,0 +1,35 @@
+"""The two checks every API's request body gets first and last: a JSON object, and one orjson can write back.
+
+Shared by the codecs' validators (chat, responses, messages), so a malformed
+or too-deep body is refused with the same 400 whatever the API.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.errors import BadRequest
+from proxy.wire import jsonio
+
+MAX_DEPTH = 254  # orjson re-serializes at most this deep; a body the proxy could not write back is refused
+
+
+def load_object(raw: bytes) -> dict[str, Any]:
+    """The body parsed (integers beyond 64 bits kept exact); a 400 if it is not JSON or not an object."""
+    try:
+        body = jsonio.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def check_writable(part: Any) -> None:
+    """`part` (the body, or what sits at its level) can be written back: orjson's depth limit applies to it."""
+    try:
+        jsonio.dumps(part)
+    except orjson.JSONEncodeError:
+        raise BadRequest(f"request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json") from None

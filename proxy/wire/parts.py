@@ -1,0 +1,37 @@
+"""Text inside a message's content, for every API: a string, or a list of parts of which some carry text.
+
+The three codecs differ only in which part types carry text (chat: any part
+with a `text`; Responses: input_text / output_text; Messages: text blocks), so
+reading a content's texts and writing the proxy's text into its first text part
+are written once here, the types given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _is_text(part: Any, types: frozenset[str] | None) -> bool:
+    return isinstance(part, dict) and isinstance(part.get("text"), str) and (types is None or part.get("type") in types)
+
+
+def texts(content: Any, types: frozenset[str] | None) -> list[str]:
+    """The content's texts in order: the string itself, or each text part's text."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if _is_text(p, types)]
+    return []
+
+
+def with_first_text(content: list[Any], text: str, types: frozenset[str] | None) -> list[Any]:
+    """The parts with `text` in the first text part (its other keys kept), the other text parts dropped."""
+    out, placed = [], False
+    for p in content:
+        if _is_text(p, types):
+            if not placed:
+                out.append({**p, "text": text})
+                placed = True
+            continue
+        out.append(p)
+    return out
