@@ -22,6 +22,14 @@ machine noise hits them alike. Figures (milliseconds unless stated):
 
 1. small      - a small non-streaming chat request (system + user message):
                 latency median and p99, sequential.
+1b. small_responses - the same conversation as a Responses API request
+                (``instructions`` + ``input``), sequential; direct, ctxproxy
+                and the floor (LiteLLM is set up as a chat pass-through only).
+1c. small_messages - the same as an Anthropic Messages request (``system`` +
+                ``messages``, ``max_tokens`` 256, a ``claude-*`` model, the key
+                in ``x-api-key`` with ``anthropic-version``), the same targets.
+                A table puts the three APIs side by side: each one's added time
+                over direct, ctxproxy-added / floor-added, CPU per request.
 2. stream     - the same request with ``stream: true``: time to the first SSE
                 ``data:`` line (TTFC) and to the end of the stream (TTLC).
 3. c16        - 16 concurrent workers sending small non-streaming requests:
@@ -75,6 +83,6 @@ The long conversation is built from the trajectory corpus in
 Modules: ``config`` (what is sent, how often), ``processes`` (starting and
 stopping the mock, the proxy, the floor and LiteLLM), ``mock`` and ``floor``
 (the two helper servers), ``client`` (targets, interleaving), ``cpu`` (CPU
-accounting), ``scenarios`` (the five scenarios), ``stats``, ``proxy_log`` (the
-proxy's own timings), ``report`` (the printed tables) and ``cli``.
+accounting), ``scenarios`` (the scenarios), ``stats``, ``proxy_log`` (the
+proxy's own timings), ``report`` and ``report_apis`` (the printed tables) and ``cli``.
 """

@@ -19,8 +19,9 @@ from bench.overhead.config import LITELLM_REQUIREMENT, TARGET_ADDED_MEDIAN_MS
 from bench.overhead.mock import serve_mock
 from bench.overhead.processes import Processes
 from bench.overhead.proxy_log import proxy_log_breakdown
-from bench.overhead.report import floor_added, print_report
+from bench.overhead.report import print_report
 from bench.overhead.scenarios import run
+from bench.overhead.stats import floor_added
 
 
 def _print_log_tails(procs: Processes) -> None:
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                 1 for line in text.splitlines() if "Traceback" in line or "ERROR" in line or "Exception" in line)
             res["litellm"]["log_tail"] = text[-1500:]
     res["floor_small_request"] = floor_added(res)
+    res["floor_small_responses"] = floor_added(res, "small_responses")
+    res["floor_small_messages"] = floor_added(res, "small_messages")
     samples = res.pop("samples_ms", {})
     print_report(res)
     if args.json:

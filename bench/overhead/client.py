@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bench.overhead.config import AUTH, MODEL
+from bench.overhead.config import AUTH, MESSAGES_AUTH, MESSAGES_MAX_TOKENS, MESSAGES_MODEL, MODEL
 from bench.overhead.cpu import CpuMeter, timed_section
 from bench.overhead.stats import ms
 
@@ -21,6 +21,18 @@ def responses_body(messages: list[dict[str, Any]]) -> bytes:
     body: dict[str, Any] = {"model": MODEL, "input": items, "store": False}
     if system:
         body["instructions"] = "\n".join(system)
+    return orjson.dumps(body)
+
+
+def messages_body(messages: list[dict[str, Any]]) -> bytes:
+    """The same small conversation as an Anthropic Messages request: the system text as top-level `system`."""
+    import orjson
+
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    turns = [{"role": m["role"], "content": m["content"]} for m in messages if m["role"] != "system"]
+    body: dict[str, Any] = {"model": MESSAGES_MODEL, "max_tokens": MESSAGES_MAX_TOKENS, "messages": turns}
+    if system:
+        body["system"] = "\n".join(system)
     return orjson.dumps(body)
 
 
@@ -45,6 +57,7 @@ class Target:
         self.name = name
         self.url = base.rstrip("/") + "/chat/completions"
         self.responses_url = base.rstrip("/") + "/responses"
+        self.messages_url = base.rstrip("/") + "/messages"
         self.session = session
         self.request_ids: dict[str, list[str]] = {}
 
@@ -72,6 +85,17 @@ class Target:
             data = await r.read()
             t1 = time.perf_counter_ns()
             if r.status != 200 or b'"object":"response"' not in data:
+                raise RuntimeError(f"{self.name}: HTTP {r.status}: {data[:300]!r}")
+            self._note(scenario, r.headers)
+        return ms(t1 - t0)
+
+    async def post_messages(self, body: bytes, scenario: str | None = None) -> float:
+        """Whole non-streamed Messages API exchange (x-api-key, anthropic-version), ms."""
+        t0 = time.perf_counter_ns()
+        async with self.session.post(self.messages_url, data=body, headers=MESSAGES_AUTH) as r:
+            data = await r.read()
+            t1 = time.perf_counter_ns()
+            if r.status != 200 or b'"type":"message"' not in data:
                 raise RuntimeError(f"{self.name}: HTTP {r.status}: {data[:300]!r}")
             self._note(scenario, r.headers)
         return ms(t1 - t0)

@@ -7,6 +7,12 @@ MODEL = "gpt-4o"
 # mock process is told this model has a larger one.
 MOCK_WINDOW = 1_000_000
 AUTH = {"authorization": "Bearer sk-bench-overhead", "content-type": "application/json"}
+# The Messages API scenario: a Claude model (the mock gives `claude-*` a 200k window), the key
+# in x-api-key and the version header, as Anthropic's SDK and Claude Code send them.
+MESSAGES_MODEL = "claude-sonnet-4-6"
+MESSAGES_MAX_TOKENS = 256
+MESSAGES_AUTH = {"x-api-key": "sk-bench-overhead", "anthropic-version": "2023-06-01",
+                 "content-type": "application/json"}
 SMALL_MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Say ok."},

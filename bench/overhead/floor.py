@@ -2,9 +2,10 @@
 
     python -m bench.overhead.floor --port P --upstream http://127.0.0.1:M/v1
 
-``POST /v1/chat/completions`` forwards the request body, as bytes (never
-parsed), with the client's ``Authorization`` and ``Content-Type``, to the
-upstream's ``/chat/completions`` through one ``aiohttp.ClientSession`` shared
+``POST /v1/chat/completions``, ``/v1/responses`` and ``/v1/messages`` forward
+the request body, as bytes (never parsed), with the client's ``Authorization``,
+``X-Api-Key``, ``Anthropic-Version`` and ``Content-Type``, to the same path
+under the upstream's base URL through one ``aiohttp.ClientSession`` shared
 by every request, and returns the upstream's status, content type and body; a
 ``text/event-stream`` answer is streamed back chunk by chunk as it arrives.
 ``GET /healthz`` answers 200. It is served as ``ctxproxy serve`` is: uvicorn,
@@ -27,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 KEEP_ALIVE_TIMEOUT = 5.0  # seconds, ctxproxy's default (server.keep_alive_timeout)
-FORWARDED = ("authorization", "content-type")
+FORWARDED = ("authorization", "x-api-key", "anthropic-version", "content-type")
 
 
 def create_floor_app(upstream: str) -> FastAPI:
@@ -48,7 +49,7 @@ def create_floor_app(upstream: str) -> FastAPI:
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
-    async def chat(request: Request) -> Response:
+    async def forward(request: Request) -> Response:
         body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k in FORWARDED}
         resp = await held["session"].post(base + request.url.path.removeprefix("/v1"), data=body, headers=headers)
@@ -64,8 +65,9 @@ def create_floor_app(upstream: str) -> FastAPI:
     async def healthz() -> Response:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
-    app.add_api_route("/v1/chat/completions", chat, methods=["POST"], response_model=None)
-    app.add_api_route("/v1/responses", chat, methods=["POST"], response_model=None)
+    app.add_api_route("/v1/chat/completions", forward, methods=["POST"], response_model=None)
+    app.add_api_route("/v1/responses", forward, methods=["POST"], response_model=None)
+    app.add_api_route("/v1/messages", forward, methods=["POST"], response_model=None)
     app.add_api_route("/healthz", healthz, methods=["GET"], response_model=None)
     return app
 

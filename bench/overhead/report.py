@@ -1,10 +1,12 @@
-"""The printed report: the direct / ctxproxy table, the floor and LiteLLM tables, CPU and the proxy's log."""
+"""The printed report: the direct / ctxproxy table, the floor, client-API and LiteLLM tables, CPU, the proxy's log."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from bench.overhead.config import CONCURRENCY, FLOOR, LITELLM, TARGET_ADDED_MEDIAN_MS
+from bench.overhead.report_apis import print_apis
+from bench.overhead.stats import added_ratio, floor_added
 
 ROWS = [
     ("small", "small non-stream, latency"),
@@ -17,33 +19,15 @@ ROWS = [
 
 
 def print_report(res: dict[str, Any]) -> None:
-    """The whole report: run facts, direct / ctxproxy, the floor, LiteLLM, CPU per request, the proxy's log."""
+    """The whole report: run facts, direct / ctxproxy, the floor, the client APIs, LiteLLM, CPU per request, the
+    proxy's log."""
     _print_facts(res)
     _print_main_table(res)
     print_floor(res)
-    print_responses(res)
+    print_apis(res)
     print_litellm(res)
     _print_cpu(res)
     _print_proxy_log(res)
-
-
-def print_responses(res: dict[str, Any]) -> None:
-    """The same small conversation sent as a Responses API request, against the chat request, in the same run."""
-    sc = res["scenarios"]
-    if "small_responses" not in sc:
-        return
-    chat, resp = sc["small"], sc["small_responses"]
-    chat_added = chat["proxy"]["median"] - chat["direct"]["median"]
-    resp_added = resp["proxy"]["median"] - resp["direct"]["median"]
-    print()
-    print("Responses API: the small conversation as POST /v1/responses (instructions + input), interleaved alike")
-    print(f"{'scenario':<32}{'n':>6}{'direct':>9}{'ctxproxy':>10}{'added med':>11}")
-    for key, label in (("small", "small chat, latency"), ("small_responses", "small Responses, latency")):
-        d, p = sc[key]["direct"], sc[key]["proxy"]
-        print(f"{label:<32}{p['n']:>6}{d['median']:>9.3f}{p['median']:>10.3f}{p['median'] - d['median']:>+11.3f}")
-    ratio = resp_added / chat_added if chat_added > 0 else float("nan")
-    print(f"small request: ctxproxy adds {resp_added:.3f} ms to a Responses request and {chat_added:.3f} ms to a "
-          f"chat one: Responses / chat = {ratio:.2f} (target: within 10%, not asserted)")
 
 
 def _print_facts(res: dict[str, Any]) -> None:
@@ -115,13 +99,13 @@ def _print_proxy_log(res: dict[str, Any]) -> None:
         print()
         print("proxy's own log (median / p99 ms): overhead_ms = request received -> upstream request"
               " sent; upstream_headers_ms = sent -> upstream headers; total_ms = handler total")
-        for key in ("small", "stream", "c16", "long", "long_tools"):
+        for key in ("small", "small_responses", "small_messages", "stream", "c16", "long", "long_tools"):
             e = bd.get(key)
             if not e:
                 continue
             parts = [f"{f} {e[f]['median']:.3f} / {e[f]['p99']:.3f}"
                      for f in ("overhead_ms", "upstream_headers_ms", "ttfb_ms", "total_ms") if f in e]
-            print(f"  {key:<10} ({e['matched']}/{e['of']} matched): " + "; ".join(parts))
+            print(f"  {key:<15} ({e['matched']}/{e['of']} matched): " + "; ".join(parts))
         if bd.get("non_request_warnings_or_unparsed_lines"):
             print(f"  note: {bd['non_request_warnings_or_unparsed_lines']} warning/unparsed lines in "
                   f"the proxy log")
@@ -165,26 +149,6 @@ def print_litellm(res: dict[str, Any]) -> None:
         print(f"LiteLLM's log: {info['log_error_lines']} line(s) with Traceback/ERROR/Exception")
 
 
-def _added_ratio(proxy_added: float, floor_added: float) -> str:
-    """ctxproxy's added time over the floor's, or "n/a" when the floor added nothing measurable."""
-    return f"{proxy_added / floor_added:.2f}" if floor_added > 0 else "n/a"
-
-
-def floor_added(res: dict[str, Any], key: str = "small") -> dict[str, float] | None:
-    """For one scenario: the floor's and ctxproxy's added latency over direct at the median and p90, and the
-    ratios ctxproxy-added / floor-added (None when the floor did not run)."""
-    s = res["scenarios"].get(key) or {}
-    if FLOOR not in s:
-        return None
-    d, p, f = s["direct"], s["proxy"], s[FLOOR]
-    out = {"floor_added_median": f["median"] - d["median"], "floor_added_p90": f["p90"] - d["p90"],
-           "proxy_added_median": p["median"] - d["median"], "proxy_added_p90": p["p90"] - d["p90"]}
-    for q in ("median", "p90"):
-        fa = out[f"floor_added_{q}"]
-        out[f"ratio_{q}"] = out[f"proxy_added_{q}"] / fa if fa > 0 else float("nan")
-    return out
-
-
 def print_floor(res: dict[str, Any]) -> None:
     """The floor against ctxproxy: what any Python pass-through on the same stack adds, and ctxproxy beside it."""
     sc = res["scenarios"]
@@ -205,7 +169,7 @@ def print_floor(res: dict[str, Any]) -> None:
         fa90, pa90 = f["p90"] - d["p90"], p["p90"] - d["p90"]
         print(f"{label:<32}{f['n']:>6}{d['median']:>9.3f}{f['median']:>9.3f}{p['median']:>10.3f}"
               f"{fa:>+12.3f}{pa:>+11.3f}{fa90:>+12.3f}{pa90:>+11.3f}"
-              f"{_added_ratio(pa, fa):>18}{_added_ratio(pa90, fa90):>7}")
+              f"{added_ratio(pa, fa):>18}{added_ratio(pa90, fa90):>7}")
     rd, rp, rf = sc["c16_rps"]["direct"], sc["c16_rps"]["proxy"], sc["c16_rps"][FLOOR]
     print(f"{f'{CONCURRENCY} concurrent, requests/s':<32}{rf['requests']:>6}{rd['rps']:>9.0f}{rf['rps']:>9.0f}"
           f"{rp['rps']:>10.0f}   (floor / direct {rf['rps'] / rd['rps']:.2f}, ctxproxy / floor "
@@ -218,5 +182,5 @@ def print_floor(res: dict[str, Any]) -> None:
     print(f"small request: the floor adds {a['floor_added_median']:.3f} ms at the median "
           f"({a['floor_added_p90']:.3f} at p90), ctxproxy {a['proxy_added_median']:.3f} ms "
           f"({a['proxy_added_p90']:.3f} at p90): ctxproxy-added / floor-added = "
-          f"{_added_ratio(a['proxy_added_median'], a['floor_added_median'])} at the median, "
-          f"{_added_ratio(a['proxy_added_p90'], a['floor_added_p90'])} at p90")
+          f"{added_ratio(a['proxy_added_median'], a['floor_added_median'])} at the median, "
+          f"{added_ratio(a['proxy_added_p90'], a['floor_added_p90'])} at p90")

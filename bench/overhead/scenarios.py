@@ -14,7 +14,7 @@ import gc
 import time
 from typing import Any
 
-from bench.overhead.client import Target, chat_body, concurrent_batch, interleaved, responses_body
+from bench.overhead.client import Target, chat_body, concurrent_batch, interleaved, messages_body, responses_body
 from bench.overhead.config import (
     CONCURRENCY,
     DIRECT,
@@ -182,7 +182,8 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         sc["small"]["bytes"] = len(small)
         samples["small"] = r
 
-        # 1b. the same small conversation through the Responses API (direct, ctxproxy, the floor)
+        # 1b. the same small conversation through the Responses API (direct, ctxproxy, the floor: LiteLLM is
+        # configured as a chat pass-through only)
         rsmall = responses_body(SMALL_MESSAGES)
         rtargets = [t for t in targets if t.name != LITELLM]
         print(f"[1b/5] small Responses API: {cfg['small']} sequential requests each ...", flush=True)
@@ -192,6 +193,16 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         sc["small_responses"] = {k: summary(v) for k, v in r.items()}
         sc["small_responses"]["bytes"] = len(rsmall)
         samples["small_responses"] = r
+
+        # 1c. and through the Anthropic Messages API (system as `system`, x-api-key), the same three targets
+        msmall = messages_body(SMALL_MESSAGES)
+        print(f"[1c/5] small Messages API: {cfg['small']} sequential requests each ...", flush=True)
+        r = await _sequential("small_messages", rtargets, cfg["small"], cfg["small_warm"], max_s,
+                              lambda t, rec: t.post_messages(msmall, "small_messages" if rec else None), procs,
+                              result)
+        sc["small_messages"] = {k: summary(v) for k, v in r.items()}
+        sc["small_messages"]["bytes"] = len(msmall)
+        samples["small_messages"] = r
 
         # 2. streaming
         sbody = chat_body(SMALL_MESSAGES, stream=True)
