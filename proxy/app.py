@@ -12,11 +12,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.config import Settings, load_settings
-from proxy.errors import NotFound, ProxyError, error_body
+from proxy.errors import NotFound, ProxyError, anthropic_error_body, error_body
 from proxy.http import ctx_api
 from proxy.http.chat import chat_completions
+from proxy.http.messages import count_tokens, messages
 from proxy.http.passthrough import passthrough
-from proxy.http.relay import JSON, error_response
+from proxy.http.relay import JSON, error_response, speaks_anthropic
 from proxy.http.responses import responses, responses_websocket
 from proxy.logs import log
 from proxy.state import ProxyState, state_of
@@ -67,6 +68,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for prefix in ("", "/r/{route}"):
         app.add_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
         app.add_route(prefix + "/v1/responses", responses, methods=["POST"])
+        app.add_route(prefix + "/v1/messages", messages, methods=["POST"])
+        app.add_route(prefix + "/v1/messages/count_tokens", count_tokens, methods=["POST"])
         app.add_api_websocket_route(prefix + "/v1/responses", responses_websocket)
         app.add_route(prefix + "/v1/{path:path}", passthrough, methods=ALL_METHODS)
 
@@ -89,19 +92,20 @@ async def readyz(request: Request) -> Response:
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProxyError)
-    return error_response(exc)
+    return error_response(exc, anthropic=speaks_anthropic(request))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        return error_response(NotFound(f"no such endpoint: {request.method} {request.url.path}"))
+        return error_response(NotFound(f"no such endpoint: {request.method} {request.url.path}"),
+                              anthropic=speaks_anthropic(request))
     code = "method_not_allowed" if exc.status_code == 405 else "http_error"
-    return Response(error_body(str(exc.detail), "invalid_request_error", code), status_code=exc.status_code,
-                    media_type=JSON)
+    body = anthropic_error_body(str(exc.detail), exc.status_code) if speaks_anthropic(request) \
+        else error_body(str(exc.detail), "invalid_request_error", code)
+    return Response(body, status_code=exc.status_code, media_type=JSON)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     log.error("unexpected error", exc_info=exc, extra={"fields": {"path": request.url.path}})
-    return Response(error_body("internal proxy error; see the proxy log", "proxy_error", "internal_error"),
-                    status_code=500, media_type=JSON)
+    return error_response(ProxyError("internal proxy error; see the proxy log"), anthropic=speaks_anthropic(request))

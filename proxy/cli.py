@@ -11,7 +11,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy.config import Settings, load_settings
-from proxy.errors import ConfigError
+from proxy.errors import ConfigError, ProxyError
+from proxy.http.routing import resolve_route
 from proxy.redact import redact
 
 
@@ -82,7 +83,15 @@ def _check(settings: Settings) -> None:
     for r in settings.routes:
         glob = r.match.model or "-"
         key = f"key from ${r.upstream.api_key_env}" if r.upstream.api_key_env else "client's key"
-        print(f"route {r.name}: model {glob} -> {redact(r.upstream.base_url)} ({key})")
+        api = r.upstream.speaks() or "openai+anthropic"
+        print(f"route {r.name}: model {glob} -> {redact(r.upstream.base_url)} ({api} API, {key})")
+    for api, path in (("openai", "/v1/chat/completions, /v1/responses"), ("anthropic", "/v1/messages")):
+        try:
+            taker = resolve_route(settings, None, {}, None, api).name  # type: ignore[arg-type]
+        except ProxyError:
+            taker = None
+        print(f"{path} without a route: " + (f"route {taker}" if taker else
+              f"refused (no route's upstream speaks the {api} API; set upstream.api on one)"))
     for w in config_warnings(settings):
         print(f"warning: {w}", file=sys.stderr)
 
@@ -95,6 +104,11 @@ def config_warnings(settings: Settings) -> list[str]:
     out = []
     for r in settings.routes:
         base = r.upstream.base_url
+        host = (urlsplit(base).hostname or "").lower()
+        for api, domain in (("anthropic", "openai.com"), ("openai", "anthropic.com")):
+            if r.upstream.api == api and (host == domain or host.endswith("." + domain)):
+                out.append(f"route {r.name}: upstream.api is {api}, but {base} is {domain}'s; requests of that "
+                           f"API will be refused there")
         if not _VERSION_PATH.search(urlsplit(base).path):
             out.append(f"route {r.name}: upstream {base} has no version path such as /v1; chat requests will go "
                        f"to {base}/chat/completions (most providers want {base}/v1)")

@@ -67,6 +67,9 @@ class UpstreamSettings(_Strict):
     """Where a route forwards to, and with which credentials."""
 
     base_url: str = DEFAULT_UPSTREAM
+    # The API the upstream speaks: "openai" (Chat Completions, Responses) or "anthropic" (Messages). Null:
+    # inferred from the host (api.openai.com, api.anthropic.com), else both (a gateway such as LiteLLM).
+    api: Literal["openai", "anthropic"] | None = None
     # None: forward the client's Authorization header. Otherwise the name of an
     # environment variable holding the key the proxy injects instead.
     api_key_env: str | None = None
@@ -96,6 +99,17 @@ class UpstreamSettings(_Strict):
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def speaks(self) -> Literal["openai", "anthropic"] | None:
+        """The API this upstream takes; None: any (the request's path says which)."""
+        if self.api is not None:
+            return self.api
+        host = (urlsplit(self.base_url).hostname or "").lower()
+        if host == "anthropic.com" or host.endswith(".anthropic.com"):
+            return "anthropic"
+        if host == "openai.com" or host.endswith(".openai.com"):
+            return "openai"
+        return None
 
 
 class ModelFacts(_Strict):
@@ -146,6 +160,8 @@ class Route(_Strict):
     match: RouteMatch = RouteMatch()
     upstream: UpstreamSettings
     context_window: int = DEFAULT_CONTEXT_WINDOW  # for models the proxy knows nothing about
+    # Anthropic's /v1/messages/count_tokens: "rewritten" counts what the proxy would send, "raw" the client's
+    count_tokens: Literal["rewritten", "raw"] = "rewritten"
     sections: Mapping[str, BaseModel] = Field(default_factory=dict)
 
     def section(self, name: str) -> Any:
@@ -178,6 +194,7 @@ class _RouteFile(BaseModel):
     match: RouteMatch = RouteMatch()
     upstream: dict[str, Any] = Field(default_factory=dict)
     context_window: int | None = Field(default=None, gt=0)
+    count_tokens: Literal["rewritten", "raw"] = "rewritten"
 
 
 class _ConfigFile(_Strict):
@@ -292,6 +309,7 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
         route_up = _validate(UpstreamSettings, _deep_merge(upstream.model_dump(), rf.upstream),
                              f"{where}.upstream", source)
         routes.append(Route(name=rf.name, match=rf.match, upstream=route_up, sections=sections,
+                            count_tokens=rf.count_tokens,
                             context_window=rf.context_window or file.default_context_window))
 
     admin = env.get("CTXPROXY_ADMIN_TOKEN") or (env.get(file.admin_token_env) if file.admin_token_env else None)

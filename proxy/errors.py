@@ -17,6 +17,18 @@ def error_body(message: str, type_: str, code: str | None = None, param: str | N
     return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
+# Anthropic's error types by status (docs.anthropic.com/en/api/errors); 502/504 are the proxy's reaching the API.
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 408: "invalid_request_error", 413: "request_too_large",
+                    429: "rate_limit_error", 529: "overloaded_error"}
+
+
+def anthropic_error_body(message: str, status: int) -> bytes:
+    """Anthropic's error envelope, which its SDKs and Claude Code parse on /v1/messages."""
+    type_ = _ANTHROPIC_TYPES.get(status, "api_error")
+    return orjson.dumps({"type": "error", "error": {"type": type_, "message": message}})
+
+
 class ProxyError(Exception):
     """An error the proxy answers itself; subclasses fix status, type and code."""
 
@@ -33,6 +45,9 @@ class ProxyError(Exception):
 
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.code, self.param)
+
+    def anthropic_body(self) -> bytes:
+        return anthropic_error_body(self.message, self.status)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = orjson.loads(self.body())

@@ -155,10 +155,13 @@ class Accountant:
         digests = conv.digests(sent)
         compaction = max((e.version for e in conv.kinds(CompactionInEffect)), default=0)
         system = system_end(conv.wire, conv.client_messages)
+        prefix = conv.prefix  # the top-level system prompt, where the API has one: counted with the tools
         return Trace(raw=conv.digests(conv.client_messages), system=system, sent=digests, counts=conv.counts(sent),
                      tools=message_digest({"tools": tools}) if tools else b"",
                      tool_names=conv.wire.tool_names(tools),
-                     tool_tokens=default_counter.count_tools(tools, model), compaction=compaction)
+                     tool_tokens=default_counter.count_tools(tools, model)
+                     + (conv.facts.count(prefix) if prefix is not None else 0),
+                     compaction=compaction, prefix=conv.digest(prefix) if prefix is not None else b"")
 
     async def check(self, ctx: RequestContext, trace: Trace) -> PrefixCheck:
         """This request against the session's previous one the provider accepted."""

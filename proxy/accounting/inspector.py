@@ -29,7 +29,8 @@ from proxy.wire.codec import Codec, Item
 from proxy.wire.conversation import Conversation
 
 DIGEST_HEX = 16  # hex characters of a message digest kept per message (64 bits)
-_ROLE_CODES = {"system": "s", "developer": "d", "user": "u", "assistant": "a", "tool": "t", "function": "f"}
+_ROLE_CODES = {"system": "s", "developer": "d", "user": "u", "assistant": "a", "tool": "t", "function": "f",
+               "tool_result": "r"}  # the last: a Messages tool_result block, lifted out of its user turn
 _ROLES = {v: k for k, v in _ROLE_CODES.items()}
 _FIELDS = ("prompt_cache_key", "prompt_cache_retention", "stream_options")  # top-level fields the proxy may add
 _SHORT = operator.itemgetter(slice(0, DIGEST_HEX // 2))  # the digest bytes kept

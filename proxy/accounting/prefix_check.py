@@ -32,6 +32,7 @@ class Trace:
     tool_names: list[str]
     tool_tokens: int
     compaction: int  # the compaction version applied
+    prefix: bytes = b""  # digest of the top-level system prompt (Messages' system, Responses' instructions)
 
     @property
     def prompt(self) -> int:
@@ -40,12 +41,13 @@ class Trace:
     def to_json(self) -> dict[str, Any]:
         return {"raw": list(map(bytes.hex, self.raw)), "system": self.system, "sent": list(map(bytes.hex, self.sent)),
                 "counts": self.counts, "tools": self.tools.hex(), "tool_names": self.tool_names,
-                "tool_tokens": self.tool_tokens, "compaction": self.compaction}
+                "tool_tokens": self.tool_tokens, "compaction": self.compaction, "prefix": self.prefix.hex()}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Trace:
         return cls([bytes.fromhex(x) for x in d["raw"]], d["system"], [bytes.fromhex(x) for x in d["sent"]],
-                   d["counts"], bytes.fromhex(d["tools"]), d["tool_names"], d["tool_tokens"], d["compaction"])
+                   d["counts"], bytes.fromhex(d["tools"]), d["tool_names"], d["tool_tokens"], d["compaction"],
+                   bytes.fromhex(d.get("prefix", "")))
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ def compare(prev: Trace | None, cur: Trace) -> PrefixCheck:
         return PrefixCheck(0, 0, None)
     if prev.tools != cur.tools:
         return PrefixCheck(0, prev.prompt, _tools_cause(prev, cur))
+    if prev.prefix != cur.prefix:
+        return PrefixCheck(0, prev.prompt, "system prompt changed")
     common = common_prefix(prev.sent, cur.sent)
     cacheable = cur.tool_tokens + sum(cur.counts[:common])
     lost = prev.prompt - cacheable

@@ -31,7 +31,7 @@ SSE = "text/event-stream"
 
 
 async def handle(request: Request, wire: Codec) -> Response:
-    st, run = state_of(request), RequestRun.start(request)
+    st, run = state_of(request), RequestRun.start(request, wire)
     try:
         conv = await parse(st, request, wire)
         ctx = await context(st, request, conv, run)
@@ -87,7 +87,7 @@ async def _whole(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec) -> Re
             run.headers["x-ctxproxy-read-rounds"] = str(rounds.done)
     except ProxyError as err:
         run.finish(ledger.close(err.status, err.code), status=err.status, error=err.code)
-        return error_response(err, run.headers)
+        return error_response(err, run.headers, anthropic=run.anthropic)
     if resp.status_code == 200:
         ledger.outcome.usage = wire.usage_of_reply(content)
     run.finish(ledger.close(resp.status_code), status=resp.status_code, bytes_out=len(content))

@@ -1,4 +1,4 @@
-"""Small HTTP helpers shared by the handlers: bounded body reads and OpenAI-shaped errors."""
+"""Small HTTP helpers shared by the handlers: bounded body reads and errors in the client's API shape."""
 
 from __future__ import annotations
 
@@ -57,10 +57,18 @@ def query_of(request: Request) -> str:
     return raw.decode("latin-1")
 
 
-def error_response(err: ProxyError, headers: dict[str, str] | None = None) -> Response:
+def speaks_anthropic(request: Request) -> bool:
+    """Whether the client speaks Anthropic's API: its errors then take Anthropic's shape."""
+    path: str = request.scope["path"]
+    return "/v1/messages" in path or "anthropic-version" in request.headers
+
+
+def error_response(err: ProxyError, headers: dict[str, str] | None = None, *, anthropic: bool = False) -> Response:
+    """The proxy's own error, in the shape of the API the client speaks (OpenAI's, or Anthropic's)."""
     if isinstance(err, RequestTimeout):  # the rest of the request may still trickle in: not worth reading
         headers = {**(headers or {}), "connection": "close"}
-    return Response(err.body(), status_code=err.status, media_type=JSON, headers=headers)
+    return Response(err.anthropic_body() if anthropic else err.body(), status_code=err.status, media_type=JSON,
+                    headers=headers)
 
 
 def _raw(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:

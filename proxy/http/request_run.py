@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.accounting.accountant import Outcome, usage_from_events
-from proxy.errors import ProxyError, UpstreamUnreachable, error_body
+from proxy.errors import ProxyError, UpstreamUnreachable
 from proxy.http.relay import error_response, read_body
 from proxy.http.routing import api_key_of, resolve_route, session_id, tenant_id
 from proxy.logs import event
@@ -43,12 +43,13 @@ class RequestRun:
     t_sent: float = 0.0  # when the rewritten request went upstream (0: it never did)
     ctx: RequestContext | None = None
     conv: Conversation | None = field(default=None, repr=False)
+    anthropic: bool = False  # the client speaks Anthropic's API: its errors take that shape
 
     @classmethod
-    def start(cls, request: Request) -> RequestRun:
+    def start(cls, request: Request, wire: Codec) -> RequestRun:
         rid = new_request_id()
         return cls(rid, time.perf_counter(), {"request_id": rid, "path": request.scope["path"]},
-                   {"x-ctxproxy-request-id": rid})
+                   {"x-ctxproxy-request-id": rid}, anthropic=wire.family == "anthropic")
 
     def finish(self, fields: dict[str, object], **more: object) -> None:
         """The request's one log line."""
@@ -65,7 +66,7 @@ class RequestRun:
             ledger = await st.accounting.open(self.ctx, self.conv, outcome)
             fields = ledger.close(err.status, err.code)
         self.finish(fields, status=err.status, error=err.code)
-        return error_response(err, self.headers)
+        return error_response(err, self.headers, anthropic=self.anthropic)
 
 
 async def parse(st: ProxyState, request: Request, wire: Codec) -> Conversation:
@@ -90,7 +91,7 @@ async def context(st: ProxyState, request: Request, conv: Conversation, run: Req
 
 async def _context(st: ProxyState, request: Request, conv: Conversation, request_id: str) -> RequestContext:
     model = conv.model
-    route = resolve_route(st.settings, request.path_params.get("route"), request.headers, model)
+    route = resolve_route(st.settings, request.path_params.get("route"), request.headers, model, conv.wire.family)
     tenant = tenant_id(api_key_of(request.headers), st.settings.tenant_salt)
     window = context_window(st.settings, model, route.context_window)
     learned = await st.windows.get(tenant, route.name, model)
@@ -123,12 +124,12 @@ async def stream_events(chunks: AsyncIterator[bytes], end: StreamEnd, run: Reque
             yield chunk
     except ProxyError as err:
         end.status, end.error = err.status, err.code
-        yield wire.stream_error(err.body())
+        yield wire.stream_error(wire.error_body(err))
     except StreamCutShort as cut:
         cut_err = UpstreamUnreachable(f"upstream stream ended early: {cut}", code="upstream_stream_cut")
         end.status, end.error = cut_err.status, cut_err.code
-        yield wire.stream_error(cut_err.body())
+        yield wire.stream_error(wire.error_body(cut_err))
     except Exception as exc:  # a proxy bug: the headers are out, so say it in the stream rather than cut it
         logger.error("unexpected error in a stream", exc_info=exc, extra={"fields": {"request_id": run.request_id}})
         end.status, end.error = 500, "internal_error"
-        yield wire.stream_error(error_body("internal proxy error; see the proxy log", "proxy_error", "internal_error"))
+        yield wire.stream_error(wire.error_body(ProxyError("internal proxy error; see the proxy log")))

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
+from typing import Literal
 
 from proxy.config import DEFAULT_ROUTE, Route, Settings
 from proxy.errors import BadRequest, NotFound
@@ -19,13 +20,28 @@ from proxy.wire.conversation import Conversation
 
 ROUTE_HEADER = "x-ctx-route"
 SESSION_HEADER = "x-session-id"
+CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"  # Claude Code names its conversation with it
 _ANONYMOUS = "anonymous"
 _MAX_SESSION_ID = 200  # characters of a client-given session id
 
 
+API = Literal["openai", "anthropic"]
+
+
+def _takes(route: Route, api: API | None) -> bool:
+    speaks = route.upstream.speaks()
+    return api is None or speaks is None or speaks == api
+
+
 def resolve_route(settings: Settings, path_route: str | None, headers: Mapping[str, str],
-                  model: str | None) -> Route:
-    """Path prefix, else `X-Ctx-Route`, else first `match.model` glob, else `default`."""
+                  model: str | None, api: API | None = None) -> Route:
+    """Path prefix, else `X-Ctx-Route`, else first `match.model` glob, else `default`.
+
+    `api`: the API the client speaks. A route named by path or header whose
+    upstream speaks another is refused with a message saying so (no translation
+    between APIs). Otherwise the first route that takes it: Claude Code sets only
+    a base URL, so its bare /v1/messages finds the route whose upstream is Anthropic's.
+    """
     for name, how in ((path_route, "path /r/{route}/v1"), (headers.get(ROUTE_HEADER), "header X-Ctx-Route")):
         if name:
             route = settings.route(name)
@@ -33,14 +49,32 @@ def resolve_route(settings: Settings, path_route: str | None, headers: Mapping[s
                 known = ", ".join(r.name for r in settings.routes)
                 raise NotFound(f"unknown route {name!r} (from {how}); configured routes: {known}",
                                code="route_not_found")
+            if not _takes(route, api):
+                raise _wrong_api(settings, route, api)
             return route
     if model:
         for route in settings.routes:
-            if route.match.model and fnmatchcase(model, route.match.model):
+            if route.match.model and fnmatchcase(model, route.match.model) and _takes(route, api):
                 return route
     route = settings.route(DEFAULT_ROUTE)
     assert route is not None  # build_settings always adds it
-    return route
+    if _takes(route, api):
+        return route
+    for other in settings.routes:
+        if other.upstream.speaks() == api:
+            return other
+    raise _wrong_api(settings, route, api)
+
+
+def _wrong_api(settings: Settings, route: Route, api: API | None) -> BadRequest:
+    names = {"openai": "the OpenAI API", "anthropic": "the Anthropic Messages API"}
+    speaks = route.upstream.speaks() or ""
+    takers = [r.name for r in settings.routes if _takes(r, api)]
+    hint = (f"use route {takers[0]!r} (/r/{takers[0]}/v1)" if takers
+            else f"add a route with upstream.api: {api} in config.yaml")
+    return BadRequest(f"route {route.name!r} forwards to {route.upstream.base_url}, which speaks "
+                      f"{names.get(speaks, speaks)}, not {names.get(api or '', api)}; ctxproxy does not translate "
+                      f"between APIs: {hint}", code="wrong_api")
 
 
 # Headers that carry a client's credentials to providers (OpenAI/Azure/Anthropic/Google spellings).
@@ -74,7 +108,7 @@ def tenant_id(api_key: str | None, salt: str) -> str:
 
 
 def session_id(headers: Mapping[str, str], tenant: str, route: Route, conv: Conversation) -> str:
-    given = headers.get(SESSION_HEADER)
+    given = headers.get(SESSION_HEADER) or headers.get(CLAUDE_CODE_SESSION_HEADER)
     if given is not None:
         given = given.strip()
         if not given or len(given) > _MAX_SESSION_ID or not given.isprintable() or not given.isascii():

@@ -30,11 +30,13 @@ from proxy.wire.codec import BreakpointStyle
 from proxy.wire.conversation import Conversation, RequestContext
 
 
-def cache_fields(settings: CacheHintsSettings | None, body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+def cache_fields(settings: CacheHintsSettings | None, conv: Conversation, ctx: RequestContext) -> dict[str, Any]:
     """The cache-routing fields the agent's requests carry (the client's own first): the proxy's
-    summarizer sends the same ones so its call lands where the agent's prefix is cached."""
+    summarizer sends the same ones so its call lands where the agent's prefix is cached. None in an
+    API without them (Anthropic's refuses fields it does not know)."""
+    body = conv.body
     out: dict[str, Any] = {k: body[k] for k in ("prompt_cache_key", "prompt_cache_retention") if k in body}
-    if settings is None or not settings.enabled:
+    if settings is None or not settings.enabled or not conv.wire.routing_fields:
         return out
     mode = settings.prompt_cache_key
     if mode == "auto":
@@ -45,6 +47,9 @@ def cache_fields(settings: CacheHintsSettings | None, body: dict[str, Any], ctx:
     if settings.retention and "prompt_cache_retention" not in out:
         out["prompt_cache_retention"] = settings.retention
     return out
+
+
+_TTL_SECONDS = {"5m": 300, "1h": 3600}
 
 
 class CacheHints:
@@ -67,7 +72,7 @@ class CacheHints:
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         body = conv.body
-        for name, value in cache_fields(self.settings, body, ctx).items():
+        for name, value in cache_fields(self.settings, conv, ctx).items():
             if name not in body:
                 body[name] = value
                 conv.changed = True
@@ -78,7 +83,12 @@ class CacheHints:
 
     def _mark(self, conv: Conversation, style: BreakpointStyle) -> None:
         msgs, wire = conv.messages, conv.wire
-        budget = self.settings.max_breakpoints - sum(1 for m in msgs if wire.has_breakpoint(m))
+        # the client's own marks: (item index, lifetime in seconds); -1 for those on tools and system
+        client = [(-1, t) for t in wire.fixed_marks(conv.body)]
+        for n, m in enumerate(msgs):
+            if wire.has_breakpoint(m):
+                client += [(n, t) for t in wire.marks(m)] or [(n, 300)]
+        budget = self.settings.max_breakpoints - len(client)
         end = len(msgs) - 1
         if end >= 0 and is_status(wire, msgs[end]):
             end -= 1
@@ -90,7 +100,7 @@ class CacheHints:
             while i >= 0 and budget > 0:
                 if wire.has_breakpoint(out[i]):
                     break
-                new = wire.with_breakpoint(out[i], style)
+                new = wire.with_breakpoint(out[i], style, self._ttl(client, i))
                 if new is not None:
                     unmarked[i] = msgs[i]
                     out[i] = new
@@ -100,3 +110,16 @@ class CacheHints:
         if unmarked:
             conv.set_messages(out)
             conv.unmarked = unmarked
+
+    def _ttl(self, client: list[tuple[int, int]], i: int) -> str | None:
+        """The route's TTL, moved into what the client's marks allow around item `i`.
+
+        Anthropic refuses a longer-lived breakpoint after a shorter-lived one: ours
+        lives no longer than any client mark before it and no shorter than any after.
+        """
+        want = _TTL_SECONDS.get(self.settings.ttl or "", 300)
+        if not client:
+            return self.settings.ttl
+        after = max((t for n, t in client if n > i), default=0)
+        got = min(max(want, after), min((t for n, t in client if n < i), default=3600))
+        return self.settings.ttl if got == want else "1h" if got == 3600 else "5m"

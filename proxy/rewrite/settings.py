@@ -125,7 +125,10 @@ class CacheHintsSettings(BaseModel):
     prompt_cache_key: Literal["auto", "session", "tenant", "off"] = "auto"
     breakpoints: Literal["auto", "none", "openai", "anthropic"] = "auto"
     retention: str | None = None  # e.g. "24h": sent as prompt_cache_retention
-    max_breakpoints: int = Field(default=4, ge=1)  # Anthropic allows 4 per request
+    max_breakpoints: int = Field(default=4, ge=1)  # Anthropic allows 4 per request, the client's own counted
+    # Anthropic-style breakpoints' cache lifetime: null (the provider's default, 5 minutes), "5m" or "1h".
+    # A 1h mark is never placed after a shorter-lived one of the client's (the API refuses that order).
+    ttl: Literal["5m", "1h"] | None = None
     openai_breakpoint_models: tuple[str, ...] = ("gpt-5.6*",)  # models that cache only at markers
     anthropic_models: tuple[str, ...] = ("claude*", "*/claude*", "anthropic/*")
 

@@ -74,8 +74,8 @@ def request_headers(client_headers: Iterable[tuple[str, str]], upstream: Upstrea
         if not v.isascii():
             raise BadRequest(f"header {k!r} has non-ASCII characters; HTTP header values must be ASCII",
                              param=k, code="invalid_header")
-    if key:
-        out.append(("authorization", f"Bearer {key}"))
+    if key:  # in the header the provider reads it from: Anthropic's x-api-key, everyone else's Authorization
+        out.append(("x-api-key", key) if upstream.speaks() == "anthropic" else ("authorization", f"Bearer {key}"))
     if identity_encoding:
         out.append(("accept-encoding", "identity"))
     return out

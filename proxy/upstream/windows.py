@@ -77,6 +77,10 @@ _LIMIT = re.compile(r"maximum context length is ([\d,]+) tokens", re.IGNORECASE)
 # The provider's own opening words (OpenAI, vLLM, and the servers that copy them).
 _OPENING = re.compile(r"(?:this model's )?maximum context length is ([\d,]+) tokens", re.IGNORECASE)
 _REQUESTED = re.compile(r"(?:you requested|resulted in) ([\d,]+) tokens", re.IGNORECASE)
+# Anthropic's two wordings: the prompt alone, and the prompt with max_tokens.
+_ANTHROPIC = re.compile(r"prompt is too long: ([\d,]+) tokens > ([\d,]+) maximum", re.IGNORECASE)
+_ANTHROPIC_BUDGET = re.compile(r"input length and `?max_tokens`? exceed context limit: ([\d,]+) \+ ([\d,]+) > ([\d,]+)",
+                               re.IGNORECASE)
 # Our count of the rejected prompt may be this much lower than the provider's own tokenizer's.
 _TOKENIZER_SLACK = 1.5
 _MAX_KNOWN = 10_000  # in-process entries before the cache is dropped and re-read from the store
@@ -95,16 +99,19 @@ def _error_of(content: bytes) -> dict[str, Any] | None:
     return err if isinstance(err, dict) else None
 
 
-def overflow_limit(content: bytes, sent_tokens: int) -> int | None:
+def overflow_limit(content: bytes, sent_tokens: int, reserve: int = 0) -> int | None:
     """The window a genuine context-length error names, if it is below the prompt it rejected; else None.
 
-    `sent_tokens`: the proxy's own count of the rejected request (prompt plus completion budget).
+    `sent_tokens`: the proxy's own count of the rejected request (prompt plus completion budget);
+    `reserve`: that completion budget.
     """
     err = _error_of(content)
     if err is None:
         return None
     raw_message = err.get("message")
     message = raw_message if isinstance(raw_message, str) else ""
+    if (anthropic := _anthropic_limit(message, sent_tokens, reserve)) is not None:
+        return anthropic
     limit: int | None = None
     if err.get("code") in _CODES or err.get("type") in _TYPES:
         n_ctx = err.get("n_ctx")
@@ -125,6 +132,27 @@ def overflow_limit(content: bytes, sent_tokens: int) -> int | None:
     if limit >= sent_tokens * _TOKENIZER_SLACK:
         return None
     return limit
+
+
+def _anthropic_limit(message: str, sent_tokens: int, reserve: int) -> int | None:
+    """Anthropic's window, in the proxy's tokens: Claude's tokenizer is not ours, so the room for the prompt is
+    scaled by how our count of the rejected prompt compares with the provider's (else a window learned in the
+    provider's tokens would never be below the prompt as we count it, and the retry would be rejected again)."""
+    if m := _ANTHROPIC.search(message):
+        theirs, room = _int(m.group(1)), _int(m.group(2))
+        if theirs <= room:
+            return None
+    elif m := _ANTHROPIC_BUDGET.search(message):
+        theirs, budget, limit = _int(m.group(1)), _int(m.group(2)), _int(m.group(3))
+        if theirs + budget <= limit:
+            return None
+        room = limit - budget
+    else:
+        return None
+    ours = sent_tokens - reserve
+    if theirs <= 0 or ours <= 0 or room <= 0:
+        return None
+    return max(1, room * ours // theirs) + reserve
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import httpx
 
     from proxy.accounting.usage import Usage
+    from proxy.errors import ProxyError
     from proxy.store.archive import Archive
     from proxy.wire.conversation import Conversation, ReadTool
 
@@ -68,6 +69,8 @@ class Codec(Protocol):
     # is an item of its own, and a turn's calls (with reasoning between) come before their results (Responses).
     calls_grouped: ClassVar[bool]
     path: ClassVar[str]  # its endpoint below the upstream's base URL, e.g. "chat/completions"
+    family: ClassVar[Literal["openai", "anthropic"]]  # whose API it is: which upstreams take it
+    routing_fields: ClassVar[bool]  # whether the API takes OpenAI's cache-routing fields (prompt_cache_key, ...)
 
     # ---- the request body
     def parse(self, raw: bytes) -> Body:
@@ -81,6 +84,10 @@ class Codec(Protocol):
     def items(self, body: Body) -> list[Item]: ...
 
     def set_items(self, body: Body, items: list[Item]) -> None: ...
+
+    def render(self, body: Body) -> Body:
+        """The body as it is sent: the items in the API's own structure (Messages joins them into turns)."""
+        ...
 
     def model(self, body: Body) -> str | None: ...
 
@@ -200,14 +207,26 @@ class Codec(Protocol):
 
     def usage_of_reply(self, content: bytes) -> Usage | None: ...
 
+    def error_body(self, err: ProxyError) -> bytes:
+        """The proxy's own error in this API's error shape."""
+        ...
+
     def stream_error(self, error_body: bytes) -> bytes:
         """The event that ends a stream the proxy cannot finish (its headers are already out)."""
         ...
 
     # ---- prompt-cache breakpoints
+    def fixed_marks(self, body: Body) -> list[int]:
+        """The lifetimes (seconds) of the client's own breakpoints outside the items (Messages: tools, system)."""
+        ...
+
+    def marks(self, item: Item) -> list[int]:
+        """The lifetimes (seconds) of the client's Anthropic-style breakpoints in the item, in order."""
+        ...
+
     def has_breakpoint(self, item: Item) -> bool: ...
 
-    def with_breakpoint(self, item: Item, style: BreakpointStyle) -> Item | None:
+    def with_breakpoint(self, item: Item, style: BreakpointStyle, ttl: str | None = None) -> Item | None:
         """The item with a cache breakpoint after it; None when it has nothing to hang one on."""
         ...
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from proxy import offloop
 from proxy.config import Route
 from proxy.store import Store
-from proxy.tokens.counter import default_counter
+from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
 from proxy.tokens.encodings import encoding_for_model
 from proxy.tokens.message_facts import MessageFacts, chars_of
 from proxy.upstream.client import Upstream
@@ -67,6 +67,7 @@ class Conversation:
     memo: RequestMemo | None = None  # what the session's previous request left (proxy/tokens/session_memo.py)
     facts: MessageFacts = field(init=False, repr=False)
     _style: JsonStyle | None = field(default=None, init=False, repr=False)
+    _prefix: tuple[dict[str, Any] | None] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.facts = MessageFacts(self.client_messages, self._model)
@@ -85,6 +86,21 @@ class Conversation:
     def set_tools(self, tools: list[Any]) -> None:
         self.wire.set_tools(self.body, tools)
         self.changed = True
+
+    @property
+    def prefix(self) -> dict[str, Any] | None:
+        """The top-level fields before the items in the provider's prompt (Messages' `system`, Responses'
+        `instructions`) as one pseudo-item, for counting and hashing like one; None if there are none."""
+        if self._prefix is None:
+            fields = self.wire.prefix_fields(self.body)
+            self._prefix = ({"role": "system", "content": fields} if fields else None,)
+        return self._prefix[0]
+
+    def fixed_tokens(self) -> int:
+        """Tokens every request of this body carries besides its items: tools, system prompt, reply priming."""
+        prefix = self.prefix
+        return REPLY_PRIMING_TOKENS + default_counter.count_tools(self.tools, self._model()) + (
+            self.facts.count(prefix) if prefix is not None else 0)
 
     def kinds(self, kind: type[Event]) -> list[Any]:
         """This request's events of one kind, in order."""
@@ -145,7 +161,7 @@ class Conversation:
     def to_bytes(self) -> bytes:
         if not self.changed:
             return self.raw
-        return self.style.dumps(self.body)
+        return self.style.dumps(self.wire.render(self.body))
 
     @classmethod
     def parse(cls, raw: bytes, wire: Codec) -> Conversation:

@@ -6,15 +6,28 @@ only what its API spells its own way.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import orjson
 
 from proxy.accounting.usage import Usage, usage_of_body
+from proxy.errors import ProxyError
 from proxy.wire.codec import Body
 
 
 class OpenAIBody:
+    family: ClassVar[Literal["openai", "anthropic"]] = "openai"
+    routing_fields: ClassVar[bool] = True
+
+    def render(self, body: Body) -> Body:
+        return body  # the items are the API's own list
+
+    def error_body(self, err: ProxyError) -> bytes:
+        return err.body()
+
+    def fixed_marks(self, body: Body) -> list[int]:
+        return []
+
     def model(self, body: Body) -> str | None:
         model = body.get("model")
         return model if isinstance(model, str) else None

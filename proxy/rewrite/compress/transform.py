@@ -48,7 +48,7 @@ from proxy.rewrite.preview import read_call
 from proxy.rewrite.settings import CompressSettings, Peers
 from proxy.store.archive import SECONDS_PER_DAY, Archive, content_handle
 from proxy.store.lease import renewed
-from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
+from proxy.tokens.counter import default_counter
 from proxy.wire.codec import Codec, call_names
 from proxy.wire.conversation import Conversation, RequestContext
 
@@ -95,14 +95,13 @@ class Compress:
         return min(s.keep_recent_tokens, int(window * s.target * _MAX_TAIL_SHARE_OF_TARGET))
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
-        s, model = self.settings, conv.model
+        s = self.settings
         if conv.wire.history_elsewhere(conv.body):  # only the new items are here: nothing to compact
             conv.events.append(HistoryElsewhere())
             return conv
         raw = conv.messages
         digests, counts = conv.digests(raw), conv.counts(raw)
-        fixed = default_counter.count_tools(conv.tools, model) + REPLY_PRIMING_TOKENS \
-            + conv.wire.output_reserve(conv.body)
+        fixed = conv.fixed_tokens() + conv.wire.output_reserve(conv.body)
         log = CompactionLog(ctx.store, ctx.tenant, ctx.session, s.retention_days * SECONDS_PER_DAY)
         if sum(counts) + fixed <= s.trigger * ctx.window:
             # A session's history only grows, and a compaction needs it over the trigger: a request
@@ -252,10 +251,11 @@ class Compress:
             return None
         tools = tools_as_sent(self.peers.context_read, conv.wire, conv.tools, has_placeholders(conv))
         instruction = default_counter.count_text(IN_PLACE_PROMPT, model)
-        if sum(view.counts[:t]) + default_counter.count_tools(tools, model) + instruction + REPLY_PRIMING_TOKENS \
+        prefix = conv.fixed_tokens() - default_counter.count_tools(conv.tools, model)  # system prompt, priming
+        if sum(view.counts[:t]) + default_counter.count_tools(tools, model) + instruction + prefix \
                 + summary_tokens(s, ctx.window) > ctx.window:
             return None
-        extra = {**conv.wire.prefix_fields(conv.body), **cache_fields(self.peers.cache_hints, conv.body, ctx)}
+        extra = {**conv.wire.prefix_fields(conv.body), **cache_fields(self.peers.cache_hints, conv, ctx)}
         return CachedPrefix(view.messages[:t], tools, extra)
 
     async def _clear(self, wire: Codec, msgs: list[Message], counts: list[int], h: int, archive: Archive, tool: str,

@@ -34,7 +34,7 @@ from proxy.rewrite.status_bar.trajectory import (
     looks_like_error,
 )
 from proxy.store.keys import session_key
-from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
+from proxy.tokens.counter import default_counter
 from proxy.tokens.session_memo import RequestMemo, without
 from proxy.wire.conversation import Conversation, RequestContext
 
@@ -122,13 +122,17 @@ class StatusBar:
         traj, n, prev = anchor.trajectory, anchor.at, anchor.prev
         if conv.messages and is_status(conv.wire, conv.messages[-1]):
             return conv  # the status recorded for exactly this history (a retry): already in place
+        if conv.messages and conv.wire.role(conv.messages[-1]) == "assistant":
+            # the client prefills the answer: a status after it would end the turn it asked the model to continue
+            conv.events.append(StatusSkipped("the request ends with the assistant's own words"))
+            return conv
         status_key, clock_key = _keys(ctx)
         now = time.time()
         clock = await ctx.store.get_json(clock_key) or {"first": now, "last": now}
         await ctx.store.put_json(clock_key, {"first": clock["first"], "last": now})
         model = conv.model
         msgs = conv.messages
-        used = sum(conv.counts(msgs)) + REPLY_PRIMING_TOKENS + default_counter.count_tools(conv.tools, model)
+        used = sum(conv.counts(msgs)) + conv.fixed_tokens()
         text = self.render(traj, conv, ctx.window, used, now - clock["first"], now - clock["last"], now,
                            compressed=self.compressed)
         status = conv.wire.message(self.settings.role, text)

@@ -200,13 +200,19 @@ class ChatCompletions(OpenAIBody):
     def stream_error(self, error_body: bytes) -> bytes:
         return b"data: " + error_body + b"\n\n"
 
+    def marks(self, item: Item) -> list[int]:
+        content = item.get("content")
+        parts = [item, *content] if isinstance(content, list) else [item]
+        return [3600 if (p["cache_control"] or {}).get("ttl") == "1h" else 300 for p in parts
+                if isinstance(p, dict) and isinstance(p.get("cache_control"), dict)]
+
     def has_breakpoint(self, item: Item) -> bool:
         content = item.get("content")
         return "cache_control" in item or (isinstance(content, list) and any(
             isinstance(p, dict) and ("cache_control" in p or p.get("type") == OPENAI_BREAKPOINT["type"])
             for p in content))
 
-    def with_breakpoint(self, item: Item, style: BreakpointStyle) -> Item | None:
+    def with_breakpoint(self, item: Item, style: BreakpointStyle, ttl: str | None = None) -> Item | None:
         content = item.get("content")
         if isinstance(content, str):
             parts: list[Any] = [{"type": "text", "text": content}]
@@ -217,7 +223,7 @@ class ChatCompletions(OpenAIBody):
         if style == "anthropic":
             if not isinstance(parts[-1], dict):
                 return None
-            parts[-1] = {**parts[-1], "cache_control": ANTHROPIC_MARK}
+            parts[-1] = {**parts[-1], "cache_control": {**ANTHROPIC_MARK, "ttl": ttl} if ttl else ANTHROPIC_MARK}
         else:
             parts.append(dict(OPENAI_BREAKPOINT))
         return {**item, "content": parts}

@@ -231,10 +231,13 @@ class Responses(OpenAIBody):
     def stream_error(self, error_body: bytes) -> bytes:
         return b"event: error\ndata: " + error_body + b"\n\n"
 
+    def marks(self, item: Item) -> list[int]:
+        return []
+
     def has_breakpoint(self, item: Item) -> bool:
         return False
 
-    def with_breakpoint(self, item: Item, style: BreakpointStyle) -> Item | None:
+    def with_breakpoint(self, item: Item, style: BreakpointStyle, ttl: str | None = None) -> Item | None:
         return None  # the Responses API caches by prefix and prompt_cache_key; it takes no markers
 
 

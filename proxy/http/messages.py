@@ -1,0 +1,54 @@
+"""POST /v1/messages (Anthropic's Messages API, Claude Code's) and its count_tokens.
+
+/v1/messages is the request path (proxy/http/handler.py) with the Messages
+codec. count_tokens answers, by default, for what the proxy would send: the
+request rewritten by the route's transforms (the status bar aside: counting
+is not a turn), so a client that compacts itself near its limit sees the room
+the proxy made. A route with `count_tokens: raw` passes the client's request
+through instead. GET /v1/models and the rest pass through
+(proxy/http/passthrough.py).
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.errors import ProxyError
+from proxy.http.handler import handle
+from proxy.http.relay import error_response, query_of, relay_response
+from proxy.http.relay import read_body as read_request_body
+from proxy.http.request_run import RequestRun, context
+from proxy.rewrite.pipeline import run_pipeline
+from proxy.state import state_of
+from proxy.upstream.client import read_body, response_headers, upstream_url
+from proxy.wire.conversation import Conversation
+from proxy.wire.messages.codec import MESSAGES
+
+COUNT_PATH = "messages/count_tokens"
+
+
+async def messages(request: Request) -> Response:
+    return await handle(request, MESSAGES)
+
+
+async def count_tokens(request: Request) -> Response:
+    st, run = state_of(request), RequestRun.start(request, MESSAGES)
+    try:
+        raw = await read_request_body(request, st.settings.server)
+        conv = Conversation(raw=raw, body=(body := MESSAGES.parse_as(raw, need_max_tokens=False)), wire=MESSAGES,
+                            client_messages=MESSAGES.items(body))
+        ctx = await context(st, request, conv, run)
+        if ctx.route.count_tokens == "rewritten":
+            pipeline = [t for t in st.pipelines[ctx.route.name] if t.name != "status_bar"]
+            conv = await run_pipeline(pipeline, conv, ctx)
+        url = upstream_url(ctx.route.upstream, COUNT_PATH, query_of(request))
+        resp = await st.upstream.send("POST", url, ctx.upstream_headers, conv.to_bytes(), ctx.route.upstream)
+        content = await read_body(resp, url)
+    except ProxyError as err:
+        run.finish({}, status=err.status, error=err.code)
+        return error_response(err, run.headers, anthropic=True)
+    run.headers["x-ctxproxy-count-tokens"] = ctx.route.count_tokens
+    run.finish({}, status=resp.status_code, rewritten=conv.changed)
+    return relay_response(content, resp.status_code, response_headers(resp.headers, decoded=True)
+                          + list(run.headers.items()))

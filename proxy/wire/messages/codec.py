@@ -1,0 +1,265 @@
+"""The Anthropic Messages codec: `messages` turns split into items, tools with `input_schema`, usage with cache reads.
+
+Items (proxy/wire/messages/items.py): an assistant turn is one item carrying
+its `tool_use` blocks as calls; a user turn is one item, or, when it holds
+`tool_result` blocks, one item per result and one per run of its other blocks.
+The transforms look into text blocks, `tool_use` and `tool_result` only.
+`thinking` / `redacted_thinking` (with their signatures), images, documents,
+`search_result`, server-tool blocks, `compaction` blocks and block types not
+invented yet are never rewritten and never moved; `system`, `metadata`,
+`context_management` and every other top-level field pass as they came.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import httpx
+import orjson
+
+from proxy.accounting.usage import Usage
+from proxy.errors import ProxyError
+from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
+from proxy.wire.messages import rounds as messages_rounds
+from proxy.wire.messages.items import ORIGINS, is_block, join, split
+from proxy.wire.messages.validate import parse_body
+from proxy.wire.openai_body import OpenAIBody
+
+if TYPE_CHECKING:
+    from proxy.store.archive import Archive
+    from proxy.wire.conversation import Conversation, ReadTool
+
+_UNMARKABLE = frozenset({"thinking", "redacted_thinking"})  # the API refuses cache_control on these
+
+
+def _texts(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
+                and isinstance(b.get("text"), str)]
+    return []
+
+
+def mark(ttl: str | None) -> dict[str, Any]:
+    return {"type": "ephemeral", "ttl": ttl} if ttl else {"type": "ephemeral"}
+
+
+def _marked(value: Any) -> bool:
+    return isinstance(value, dict) and "cache_control" in value
+
+
+def ttl_seconds(marked: dict[str, Any]) -> int:
+    """A breakpoint's cache lifetime: 1h if it says so, else the default 5 minutes."""
+    cc = marked.get("cache_control")
+    return 3600 if isinstance(cc, dict) and cc.get("ttl") == "1h" else 300
+
+
+def system_text(body: Body) -> str:
+    """The system prompt's text (a string, or its text blocks joined)."""
+    return "\n".join(_texts(body.get("system")))
+
+
+class Messages(OpenAIBody):
+    api: ClassVar[str] = "messages"
+    path: ClassVar[str] = "messages"
+    calls_grouped: ClassVar[bool] = True
+    family: ClassVar[Literal["openai", "anthropic"]] = "anthropic"
+    routing_fields: ClassVar[bool] = False  # no prompt_cache_key: the API refuses fields it does not know
+
+    def parse(self, raw: bytes) -> Body:
+        return self.parse_as(raw, need_max_tokens=True)
+
+    def parse_as(self, raw: bytes, *, need_max_tokens: bool) -> Body:
+        body = parse_body(raw, need_max_tokens=need_max_tokens)
+        body["messages"], body[ORIGINS] = split(body["messages"])
+        return body
+
+    def check_items(self, body: Body, start: int) -> None:
+        return None  # parse checked every turn: pairing spans turns, so it is checked whole
+
+    def items(self, body: Body) -> list[Item]:
+        items: list[Item] = body["messages"]
+        return items
+
+    def set_items(self, body: Body, items: list[Item]) -> None:
+        body["messages"] = items
+
+    def render(self, body: Body) -> Body:
+        out = {k: v for k, v in body.items() if k != ORIGINS}
+        out["messages"] = join(body["messages"], body.get(ORIGINS) or {})
+        return out
+
+    def tool_names(self, tools: list[Any]) -> list[str]:
+        return [str(t.get("name") or t.get("type")) for t in tools if isinstance(t, dict)]
+
+    def tool_definition(self, spec: ToolSpec) -> Any:
+        return {"name": spec.name, "description": spec.description, "input_schema": spec.parameters}
+
+    def history_elsewhere(self, body: Body) -> bool:
+        return False
+
+    def session_hint(self, body: Body) -> str | None:
+        """Claude Code's `metadata.user_id` ends in `_session_<uuid>`: that conversation, whatever else changes."""
+        meta = body.get("metadata")
+        uid = meta.get("user_id") if isinstance(meta, dict) else None
+        if isinstance(uid, str) and "_session_" in uid:
+            return uid.rsplit("_session_", 1)[1] or None
+        return None
+
+    def output_reserve(self, body: Body) -> int:
+        v = body.get("max_tokens")
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+    # ---- one item
+    def label(self, item: Item) -> str:
+        if is_block(item):
+            return "tool_result"
+        role = item.get("role")
+        return role if isinstance(role, str) else "?"
+
+    def role(self, item: Item) -> Role:
+        if is_block(item):
+            return "tool"
+        role = item.get("role")
+        return "assistant" if role == "assistant" else "system" if role == "system" else "user"
+
+    def text(self, item: Item) -> str | None:
+        content = item.get("content")
+        if isinstance(content, str):
+            return content
+        texts = _texts(content)
+        return "\n".join(texts) if texts else None
+
+    def first_text(self, item: Item) -> str:
+        texts = _texts(item.get("content"))
+        return texts[0] if texts else ""
+
+    def with_text(self, item: Item, text: str) -> Item:
+        content = item.get("content")
+        if not isinstance(content, list):
+            return {**item, "content": text}
+        blocks, placed = [], False
+        for b in content:
+            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str):
+                if not placed:
+                    blocks.append({**b, "text": text})
+                    placed = True
+                continue
+            blocks.append(b)
+        return {**item, "content": blocks}
+
+    def replaced(self, item: Item, text: str) -> Item:
+        return {**item, "content": text}
+
+    def calls(self, item: Item) -> list[ToolCall]:
+        if is_block(item) or item.get("role") != "assistant" or not isinstance(item.get("content"), list):
+            return []
+        return [ToolCall(b.get("id"), str(b.get("name") or "?"), orjson.dumps(b.get("input")).decode())
+                for b in item["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
+
+    def answers(self, item: Item) -> str | None:
+        if not is_block(item):
+            return None
+        tid = item.get("tool_use_id")
+        return tid if isinstance(tid, str) else None
+
+    def result_name(self, item: Item) -> str | None:
+        return None
+
+    def is_error(self, item: Item) -> bool:
+        return is_block(item) and item.get("is_error") is True
+
+    def message(self, role: Literal["system", "developer", "user"], text: str) -> Item:
+        """A user turn's text block; a system one joins the user turn it sits in (proxy/wire/messages/items.py)."""
+        return {"role": "user" if role == "user" else "system", "content": [{"type": "text", "text": text}]}
+
+    def result(self, call_id: str | None, text: str) -> Item:
+        return {"type": "tool_result", "tool_use_id": call_id, "content": text}
+
+    # ---- the proxy's own calls
+    def request(self, model: str, items: list[Item], *, tools: list[Any] | None, extra: dict[str, Any],
+                max_output: int) -> Body:
+        """Leading system items become the top-level `system` (a summarizer's prompt), as the API wants it."""
+        lead = 0
+        while lead < len(items) and not is_block(items[lead]) and items[lead].get("role") == "system":
+            lead += 1
+        body: Body = {"model": model, "max_tokens": max_output}
+        if lead:
+            body["system"] = "\n\n".join(self.text(i) or "" for i in items[:lead])
+        body.update({k: v for k, v in extra.items() if k != "system" or not lead})
+        body["messages"] = join(items[lead:], {})
+        if tools:
+            body["tools"] = tools
+        body["temperature"] = 0
+        return body
+
+    def prefix_fields(self, body: Body) -> dict[str, Any]:
+        return {"system": body["system"]} if body.get("system") is not None else {}
+
+    def reply_text(self, data: Any) -> str | None:
+        if not isinstance(data, dict) or data.get("type") != "message" or not isinstance(data.get("content"), list):
+            return None
+        return "\n".join(_texts(data["content"]))
+
+    # ---- the provider's answer
+    def ask_for_usage(self, conv: Conversation) -> bool:
+        return False  # a Messages stream always reports usage (message_start, message_delta)
+
+    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> messages_rounds.Rounds | None:
+        return messages_rounds.Rounds(conv, tool, archive)
+
+    async def complete(self, send: Send, first: httpx.Response, url: str,
+                       rounds: messages_rounds.Rounds) -> tuple[httpx.Response, bytes]:
+        return await messages_rounds.complete(send, first, url, rounds)
+
+    def stream(self, send: Send, first: httpx.Response, url: str,
+               rounds: messages_rounds.Rounds) -> AsyncIterator[bytes]:
+        return messages_rounds.stream(send, first, url, rounds)
+
+    def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
+                     hide_usage: bool) -> AsyncIterator[bytes]:
+        return messages_rounds.watch(chunks, on_usage)
+
+    def error_body(self, err: ProxyError) -> bytes:
+        return err.anthropic_body()
+
+    def stream_error(self, error_body: bytes) -> bytes:
+        return b"event: error\ndata: " + error_body + b"\n\n"
+
+    # ---- prompt-cache breakpoints
+    def fixed_marks(self, body: Body) -> list[int]:
+        """The client's own breakpoints outside the items: on tool definitions and system blocks."""
+        system = body.get("system")
+        return [ttl_seconds(t) for t in body.get("tools") or () if _marked(t)] + (
+            [ttl_seconds(b) for b in system if _marked(b)] if isinstance(system, list) else [])
+
+    def marks(self, item: Item) -> list[int]:
+        if is_block(item):
+            return [ttl_seconds(item)] if _marked(item) else []
+        content = item.get("content")
+        return [ttl_seconds(b) for b in content if _marked(b)] if isinstance(content, list) else []
+
+    def has_breakpoint(self, item: Item) -> bool:
+        if _marked(item):
+            return True
+        content = item.get("content")
+        return isinstance(content, list) and any(_marked(b) for b in content)
+
+    def with_breakpoint(self, item: Item, style: BreakpointStyle, ttl: str | None = None) -> Item | None:
+        if is_block(item):
+            return {**item, "cache_control": mark(ttl)}
+        content = item.get("content")
+        if isinstance(content, str):
+            return {**item, "content": [{"type": "text", "text": content, "cache_control": mark(ttl)}]} \
+                if content else None
+        if not isinstance(content, list) or not content:
+            return None
+        last = content[-1]
+        if not isinstance(last, dict) or last.get("type") in _UNMARKABLE or last.get("text") == "":
+            return None
+        return {**item, "content": [*content[:-1], {**last, "cache_control": mark(ttl)}]}
+
+
+MESSAGES = Messages()
