@@ -245,7 +245,8 @@ def through_proxy(traces: Sequence[Trace], window: int, *, upstream: str | None,
         sim_server = ThreadedServer(sim, lifespan="off", name="simulator") if sim else None
         try:
             base = (sim_server.start() + "/v1") if sim_server else str(upstream)
-            settings = proxy_settings(config, base, tmp, sorted({t.model for t in traces}), window, simulate)
+            apis = sorted({"anthropic" if t.api == "messages" else "openai" for t in traces})
+            settings = proxy_settings(config, base, tmp, sorted({t.model for t in traces}), window, simulate, apis)
             if route and settings.route(route) is None:
                 known = ", ".join(r.name for r in settings.routes)
                 raise ReplayError(f"unknown route {route!r}; configured routes: {known}", code=2)
