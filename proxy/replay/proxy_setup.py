@@ -65,7 +65,8 @@ def proxy_settings(config: str | None, upstream_url: str, store_dir: str, models
     `apis`: the APIs the replay sends ("openai", "anthropic"): the default route takes one no route would.
     """
     raw = copy.deepcopy(_read_config(config))
-    top = raw.get("upstream") if isinstance(raw.get("upstream"), dict) else {}
+    given = raw.get("upstream")
+    top: dict[str, Any] = given if isinstance(given, dict) else {}
     top_api, top_url = top.get("api"), top.get("base_url", DEFAULT_UPSTREAM)
 
     def retarget(section: Any, inherited: bool) -> dict[str, Any]:
