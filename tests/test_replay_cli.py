@@ -546,3 +546,24 @@ def test_replay_a_chat_example_as_messages_requests():
     # sent as alternating messages: each turn's count is that of the merged conversation before the answer
     assert [t["messages"] for t in doc["turns"]] == sorted(t["messages"] for t in doc["turns"])
     assert doc["totals"]["no_proxy"]["cached_tokens"] > 0  # the client's own breakpoints cache without the proxy
+
+
+def test_the_replays_routes_keep_the_api_they_forward(tmp_path):
+    from proxy.http.routing import resolve_route
+    from proxy.replay.proxy_setup import proxy_settings
+
+    sim = "http://127.0.0.1:1/v1"
+    shipped = proxy_settings(str(ROOT / "config.yaml"), sim, str(tmp_path), ["m"], 32000, True, ["anthropic"])
+    assert {r.name: r.upstream.api for r in shipped.routes} == {"default": "openai", "local": None,
+                                                                "anthropic": "anthropic"}
+    assert all(r.upstream.base_url == sim for r in shipped.routes)
+    # Claude Code's bare /v1/messages takes the Anthropic route, as against the real providers
+    assert resolve_route(shipped, None, {}, "claude-x", "anthropic").name == "anthropic"
+    assert resolve_route(shipped, None, {}, "gpt-4o", "openai").name == "default"
+    # the built-in defaults forward to api.openai.com: the default route takes Messages only when they are replayed
+    assert proxy_settings(None, sim, str(tmp_path), ["m"], 32000, True, ["openai"]).routes[0].upstream.api == "openai"
+    assert proxy_settings(None, sim, str(tmp_path), ["m"], 32000, True, ["anthropic"]).routes[0].upstream.api is None
+    # a real upstream: its own host decides
+    real = proxy_settings(str(ROOT / "config.yaml"), "https://api.anthropic.com/v1", str(tmp_path), ["m"], 32000,
+                          False, ["anthropic"])
+    assert {r.upstream.speaks() for r in real.routes} == {"anthropic"}
