@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from proxy.replay import traces_messages as tm
+from proxy.replay.sim_messages import NON_EMPTY
 from proxy.replay.simulator import Simulator, ThreadedServer
 from proxy.replay.traces import example_paths, load_trace
 from proxy.rewrite.compress import summarizer
@@ -246,6 +247,19 @@ def test_nothing_under_1024_tokens_is_cached_and_at_most_4_breakpoints():
     _, out = sim.messages(mixed, "k")
     total = _u(out["usage"])[0]
     assert out["usage"]["cache_creation_input_tokens"] == total and out["usage"]["input_tokens"] == 0
+    # a top-level cache_control (automatic caching) marks the last block; max_tokens 0 only warms the cache
+    auto = {"model": "m", "max_tokens": 0, "cache_control": CC, "messages": [{"role": "user", "content": LONG}]}
+    _, warm = sim.messages(auto, "k")
+    assert warm["content"] == [] and warm["stop_reason"] == "max_tokens" and warm["usage"]["output_tokens"] == 0
+    assert warm["usage"]["cache_creation_input_tokens"] == _u(warm["usage"])[0] > 1024
+    _, hot = sim.messages({**auto, "max_tokens": 5}, "k")
+    assert hot["usage"]["cache_read_input_tokens"] == _u(warm["usage"])[0]
+    # cache_control on a block inside a tool_result marks the tool_result
+    msgs = _turns(1)
+    msgs[2] = {"role": "user", "content": [{**msgs[2]["content"][0], "content": [
+        {"type": "text", "text": LONG, "cache_control": CC}]}]}
+    _, nested = sim.messages({"model": "m", "max_tokens": 5, "messages": msgs}, "k")
+    assert nested["usage"]["cache_creation_input_tokens"] == _u(nested["usage"])[0]
     five = {**mixed, "messages": [{"role": "user", "content": [
         {"type": "text", "text": f"part {k}", "cache_control": CC} for k in range(4)]}]}
     status, err = sim.messages(five, "k")
@@ -284,19 +298,31 @@ def test_the_window_and_the_required_fields_answer_as_anthropic_does():
 def test_tool_pairing_is_checked_with_anthropics_wording():
     sim = Simulator(window=100_000)
     msgs = _turns(2)
-    body = {"model": "m", "max_tokens": 10, "messages": msgs[:4]}
+    body = {"model": "m", "max_tokens": 10, "messages": [*msgs[:4], {"role": "user", "content": "go on"}]}
     status, err = sim.messages(body, "k")
     assert status == 400 and err["error"]["message"] == (
-        "messages.4: `tool_use` ids were found without `tool_result` blocks immediately after: toolu_01. "
+        "messages.3: `tool_use` ids were found without `tool_result` blocks immediately after: toolu_01. "
         "Each `tool_use` block must have a corresponding `tool_result` block in the next message.")
     late = [*msgs[:2], {"role": "user", "content": [{"type": "text", "text": "wait"}, msgs[2]["content"][0]]}]
-    assert "messages.2: `tool_use` ids were found" in sim.messages({**body, "messages": late}, "k")[1]["error"][
+    assert "messages.1: `tool_use` ids were found" in sim.messages({**body, "messages": late}, "k")[1]["error"][
         "message"]  # tool results must open the next message
     orphan = [msgs[0], {"role": "assistant", "content": "thinking aloud"}, msgs[2]]
     assert sim.messages({**body, "messages": orphan}, "k")[1]["error"]["message"] == (
         "messages.2.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_00. Each "
         "`tool_result` block must have a corresponding `tool_use` block in the previous message.")
     assert sim.messages({**body, "messages": msgs}, "k")[0] == 200
+    # consecutive messages of one role are one turn, as the API combines them: results split over two messages
+    parallel = [msgs[0], {"role": "assistant", "content": [msgs[1]["content"][0], msgs[3]["content"][0]]},
+                msgs[2], msgs[4], {"role": "user", "content": "and now?"}]
+    assert sim.messages({**body, "messages": parallel}, "k")[0] == 200
+    assert sim.messages({**body, "messages": msgs[:4]}, "k")[0] == 200  # a final assistant turn: a prefill
+    for bad, why in (([msgs[0], {"role": "assistant", "content": ""}, msgs[0]], f"messages.1: {NON_EMPTY}"),
+                     ([{"role": "user", "content": [{"type": "text", "text": ""}]}],
+                      "messages: text content blocks must be non-empty"),
+                     ([msgs[0], {"role": "assistant", "content": "Sure, "}],
+                      "messages: final assistant content cannot end with trailing whitespace"),
+                     ([], "messages: at least one message is required")):
+        assert sim.messages({**body, "messages": bad}, "k")[1]["error"]["message"] == why
 
 
 # --------------------------------------------------------------------------- the proxy's own calls

@@ -31,8 +31,10 @@ The rules, exact so that anyone can recompute the figures:
   The prompt's total is ``input_tokens + cache_read_input_tokens +
   cache_creation_input_tokens``, as Anthropic splits it.
 * **Prompt caching, as Anthropic documents it.** A breakpoint is a tool, a
-  system block or a message's content block with ``cache_control`` (at most 4
-  per request, else a 400). Per cache scope (the key: ``x-api-key``, else the
+  system block or a message's content block with ``cache_control`` (a
+  ``tool_result`` also when a block inside it has one; a top-level
+  ``cache_control``, automatic caching, marks the last block; at most 4
+  markers per request, else a 400). Per cache scope (the key: ``x-api-key``, else the
   ``Authorization`` header's bearer token; and the model), each accepted request WRITES the
   prefix ending at each of its breakpoints that is at least 1,024 tokens long,
   and READS the longest prefix written earlier that it repeats exactly and
@@ -45,11 +47,16 @@ The rules, exact so that anyone can recompute the figures:
   labels the write as 5-minute or 1-hour).
 * **Validation**, in Anthropic's shape and wording (``{"type": "error",
   "error": {"type": "invalid_request_error", "message": ...}}``): ``model``,
-  ``messages`` and ``max_tokens`` required (``max_tokens: Field required``),
-  roles ``user`` / ``assistant``, at most 4 ``cache_control`` blocks, and tool
-  pairing: every ``tool_use`` answered by a ``tool_result`` at the start of the
-  next message, every ``tool_result`` answering a ``tool_use`` of the message
-  before it. The HTTP endpoint also requires the ``anthropic-version`` header.
+  ``messages`` (not empty) and ``max_tokens`` (an integer >= 0; 0 only warms
+  the cache) required (``max_tokens: Field required``), roles ``user`` /
+  ``assistant``, blocks with a ``type``; non-empty content except in a final
+  assistant message, no empty text block, no trailing whitespace ending a
+  final assistant message; at most 4 ``cache_control`` markers; and tool
+  pairing, over turns (consecutive messages of one role are combined into one
+  turn, as the API combines them): every ``tool_use`` answered by the
+  ``tool_result`` blocks that open the next turn, every ``tool_result``
+  answering a ``tool_use`` of the turn before. The HTTP endpoint also requires
+  the ``anthropic-version`` header.
 * **The context window.** A prompt over the window: ``prompt is too long: N
   tokens > M maximum``; a prompt that fits but not with ``max_tokens`` on top:
   ``input length and `max_tokens` exceed context limit: N + B > M, decrease
@@ -176,10 +183,21 @@ class Block:
     ttl: str  # the breakpoint's cache_control ttl ("5m" or "1h")
 
 
+def _cache_control(obj: Any) -> Any:
+    """The cache_control a block carries (a tool_result: its own, else one on a block inside it), or None."""
+    if not isinstance(obj, dict):
+        return None
+    if obj.get("cache_control") is not None:
+        return obj["cache_control"]
+    inner = obj.get("content") if obj.get("type") == "tool_result" else None
+    return next((b["cache_control"] for b in inner if isinstance(b, dict) and b.get("cache_control") is not None),
+                None) if isinstance(inner, list) else None
+
+
 def _block(text: str, obj: Any) -> Block:
-    cc = obj.get("cache_control") if isinstance(obj, dict) else None
+    cc = _cache_control(obj)
     ttl = "1h" if isinstance(cc, dict) and cc.get("ttl") == "1h" else "5m"
-    return Block(tokens(text), isinstance(cc, dict), ttl)
+    return Block(tokens(text), cc is not None, ttl)
 
 
 def system_blocks(system: Any) -> list[Any]:
@@ -201,6 +219,9 @@ def prompt_blocks(body: Mapping[str, Any]) -> list[Block]:
         role = str(m.get("role", "")) if isinstance(m, dict) else ""
         for b in _content_blocks(m.get("content") if isinstance(m, dict) else None):
             out.append(_block(render_block(role, b), b))
+    auto = body.get("cache_control")
+    if auto is not None and out and not out[-1].breakpoint:  # automatic caching: the last block is marked
+        out[-1] = Block(out[-1].chunk, True, "1h" if isinstance(auto, dict) and auto.get("ttl") == "1h" else "5m")
     return out
 
 
@@ -245,86 +266,135 @@ class BreakpointCache:
 
 # --------------------------------------------------------------------------- validation
 
-def _ids(blocks: list[Any], kind: str, key: str) -> list[Any]:
-    return [b.get(key) for b in blocks if isinstance(b, dict) and b.get("type") == kind]
+NON_EMPTY = "all messages must have non-empty content except for the optional final assistant message"
 
 
-def _leading_results(blocks: list[Any]) -> set[Any]:
-    out = set()
-    for b in blocks:
-        if not (isinstance(b, dict) and b.get("type") == "tool_result"):
-            break
-        out.add(b.get("tool_use_id"))
+def _turns(messages: list[Any]) -> list[tuple[str, list[tuple[int, int, Any]]]]:
+    """Consecutive messages of one role combined into one turn, as the API combines them: (role, [(message
+    index, block index, block)])."""
+    out: list[tuple[str, list[tuple[int, int, Any]]]] = []
+    for i, m in enumerate(messages):
+        if not out or out[-1][0] != m.get("role"):
+            out.append((str(m.get("role")), []))
+        out[-1][1].extend((i, k, b) for k, b in enumerate(_content_blocks(m.get("content"))))
     return out
 
 
+def _is(block: Any, kind: str) -> bool:
+    return isinstance(block, dict) and block.get("type") == kind
+
+
 def _pairing(messages: list[Any]) -> str | None:
-    """Anthropic's tool pairing rules, worded as it words them; None when the messages keep them."""
-    previous: set[Any] = set()
-    for i, m in enumerate(messages):
-        blocks = _content_blocks(m.get("content"))
-        if m.get("role") == "user":
-            for k, b in enumerate(blocks):
-                if isinstance(b, dict) and b.get("type") == "tool_result" and b.get("tool_use_id") not in previous:
-                    return (f"messages.{i}.content.{k}: unexpected `tool_use_id` found in `tool_result` blocks: "
-                            f"{b.get('tool_use_id')}. Each `tool_result` block must have a corresponding "
-                            "`tool_use` block in the previous message.")
-        uses = _ids(blocks, "tool_use", "id") if m.get("role") == "assistant" else []
-        if uses:
-            nxt = messages[i + 1] if i + 1 < len(messages) else None
-            answered = _leading_results(_content_blocks(nxt.get("content"))) \
-                if isinstance(nxt, dict) and nxt.get("role") == "user" else set()
-            missing = [str(u) for u in uses if u not in answered]
+    """Anthropic's tool pairing rules over the combined turns, worded as it words them; None when kept: every
+    tool_result answers a tool_use of the turn before, every tool_use is answered by the tool_result blocks
+    that open the next turn (a final assistant turn has no next turn)."""
+    turns = _turns(messages)
+    for t, (role, blocks) in enumerate(turns):
+        asked = {b.get("id") for _, _, b in turns[t - 1][1] if _is(b, "tool_use")} if t else set()
+        for i, k, b in blocks:
+            if _is(b, "tool_result") and b.get("tool_use_id") not in asked:
+                return (f"messages.{i}.content.{k}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                        f"{b.get('tool_use_id')}. Each `tool_result` block must have a corresponding "
+                        "`tool_use` block in the previous message.")
+        uses = [(i, b.get("id")) for i, _, b in blocks if _is(b, "tool_use")] if role == "assistant" else []
+        if uses and t + 1 < len(turns):
+            answered = set()
+            for _, _, b in turns[t + 1][1]:
+                if not _is(b, "tool_result"):
+                    break
+                answered.add(b.get("tool_use_id"))
+            missing = [(i, u) for i, u in uses if u not in answered]
             if missing:
-                return (f"messages.{i + 1}: `tool_use` ids were found without `tool_result` blocks immediately "
-                        f"after: {', '.join(missing)}. Each `tool_use` block must have a corresponding "
-                        "`tool_result` block in the next message.")
-        previous = set(uses)
+                return (f"messages.{missing[0][0]}: `tool_use` ids were found without `tool_result` blocks "
+                        f"immediately after: {', '.join(str(u) for _, u in missing)}. Each `tool_use` block must "
+                        "have a corresponding `tool_result` block in the next message.")
     return None
 
 
-def _breakpoints(body: Mapping[str, Any]) -> int:
-    n = sum(1 for t in body.get("tools") or [] if isinstance(t, dict) and "cache_control" in t)
-    n += sum(1 for b in system_blocks(body.get("system")) if isinstance(b, dict) and "cache_control" in b)
+def _content(messages: list[Any]) -> str | None:
+    """Anthropic's rules on empty content: every message but a final assistant one has some, no text block
+    is empty, and a final assistant message (a prefill) does not end in whitespace."""
+    for i, m in enumerate(messages):
+        final_assistant = i == len(messages) - 1 and m.get("role") == "assistant"
+        blocks = _content_blocks(m.get("content"))
+        if (not blocks or m.get("content") == "") and not final_assistant:
+            return f"messages.{i}: {NON_EMPTY}"
+        if any(_is(b, "text") and b.get("text") == "" for b in blocks):
+            return "messages: text content blocks must be non-empty"
+        last = blocks[-1] if blocks else None
+        text = last if isinstance(last, str) else last.get("text") if isinstance(last, dict) and _is(last, "text") \
+            else None
+        if final_assistant and isinstance(text, str) and text != text.rstrip():
+            return "messages: final assistant content cannot end with trailing whitespace"
+    return None
+
+
+def _marked(block: Any) -> bool:
+    """A breakpoint: a block with cache_control, or a tool_result with one on a block inside it."""
+    if not isinstance(block, dict):
+        return False
+    inner = block.get("content") if block.get("type") == "tool_result" else None
+    return block.get("cache_control") is not None or (isinstance(inner, list) and any(
+        isinstance(b, dict) and b.get("cache_control") is not None for b in inner))
+
+
+def _markers(body: Mapping[str, Any]) -> int:
+    """Every cache_control of the request (the top-level one, automatic caching, included)."""
+    def count(block: Any) -> int:
+        if not isinstance(block, dict):
+            return 0
+        inner = block.get("content") if block.get("type") == "tool_result" else None
+        return (block.get("cache_control") is not None) + (sum(map(count, inner)) if isinstance(inner, list) else 0)
+
+    n = sum(map(count, body.get("tools") or [])) + sum(map(count, system_blocks(body.get("system"))))
     for m in body.get("messages") or []:
-        n += sum(1 for b in _content_blocks(m.get("content")) if isinstance(b, dict) and "cache_control" in b)
-    return n
+        n += sum(map(count, _content_blocks(m.get("content"))))
+    return n + (body.get("cache_control") is not None)
 
 
 def invalid(body: Any, *, count_only: bool = False) -> str | None:
     """Why Anthropic would refuse `body` (the message of a 400 invalid_request_error), or None."""
     if not isinstance(body, dict):
-        return "body: Input should be a valid dictionary"
-    for field in ("model", "messages") + (() if count_only else ("max_tokens",)):
+        return "There was an issue with the format of your request: the body is not a JSON object"
+    for field in (() if count_only else ("max_tokens",)) + ("messages", "model"):
         if field not in body:
             return f"{field}: Field required"
-    if not isinstance(body["model"], str):
-        return "model: Input should be a valid string"
     if not count_only:
         budget = body["max_tokens"]
         if not isinstance(budget, int) or isinstance(budget, bool):
             return "max_tokens: Input should be a valid integer"
-        if budget < 1:
-            return "max_tokens: Input should be greater than or equal to 1"
+        if budget < 0:
+            return "max_tokens: Input should be greater than or equal to 0"
+    if not isinstance(body["model"], str):
+        return "model: Input should be a valid string"
     messages = body["messages"]
     if not isinstance(messages, list):
         return "messages: Input should be a valid list"
+    if not messages:
+        return "messages: at least one message is required"
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             return f"messages.{i}: Input should be a valid dictionary"
         if m.get("role") not in _ROLES:
             return f"messages.{i}.role: Input should be 'user' or 'assistant'"
         if not isinstance(m.get("content"), (str, list)):
-            return f"messages.{i}.content: Input should be a valid string or list"
+            return f"messages.{i}.content: Input should be a valid list"
+        for k, b in enumerate(m["content"] if isinstance(m["content"], list) else []):
+            if not (isinstance(b, dict) and isinstance(b.get("type"), str)):
+                return f"messages.{i}.content.{k}.type: Field required"
     system = body.get("system")
     if system is not None and not isinstance(system, (str, list)):
-        return "system: Input should be a valid string or list"
+        return "system: Input should be a valid list"
     if body.get("tools") is not None and not isinstance(body["tools"], list):
         return "tools: Input should be a valid list"
-    n = _breakpoints(body)
+    if (why := _content(messages)) is not None:
+        return why
+    if (why := _pairing(messages)) is not None:
+        return why
+    n = _markers(body)
     if n > MAX_BREAKPOINTS:
         return f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {n}."
-    return _pairing(messages)
+    return None
 
 
 # --------------------------------------------------------------------------- the proxy's own calls
@@ -425,10 +495,10 @@ def usage(prompt: int, read: int, created: int, ttl: str, output: int) -> dict[s
 
 
 def message_object(n: int, model: str, text: str, usage_: dict[str, Any], stop_reason: str) -> dict[str, Any]:
-    """A complete assistant `message` with one text block."""
+    """A complete assistant `message` with one text block (none when `text` is empty: max_tokens 0)."""
     return {"id": f"msg_sim{n:020d}", "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": text}], "stop_reason": stop_reason, "stop_sequence": None,
-            "usage": usage_}
+            "content": [{"type": "text", "text": text}] if text else [], "stop_reason": stop_reason,
+            "stop_sequence": None, "usage": usage_}
 
 
 def stream_events(message: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -250,7 +250,7 @@ class Simulator:
         text = sim_messages.answer(kind, body)
         completion = tokens(text)
         stop = "end_turn"
-        if len(completion) > budget:
+        if len(completion) > budget:  # (max_tokens 0: the prompt is cached, nothing is written)
             text = get_encoding(ENCODING).decode(list(completion[:budget]))
             completion, stop = completion[:budget], "max_tokens"
         n = self._record(SimRecord(kind, model, 200, prompt, read, len(completion), cache_write=created))
