@@ -35,6 +35,7 @@ class Reply:
 
     text: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    thinking: str | None = None  # the Messages API's thinking block, when the script gives one
 
     @property
     def finish_reason(self) -> str:

@@ -14,7 +14,13 @@ as fully as chat: the same rendering and cache rules item by item
 (tests/_mock_responses_prompt.py), stored responses for previous_response_id
 and GET, its error shapes, the full event sequence of a stream
 (tests/_mock_responses_wire.py), /v1/responses/input_tokens and
-/v1/responses/compact. Everything else is minimal.
+/v1/responses/compact. Anthropic's Messages API too (``POST /v1/messages``
+and ``/v1/messages/count_tokens``): its validation and error envelope, a
+block-by-block rendering and Anthropic's own caching rules, written only at
+``cache_control`` breakpoints and found by a 20-block lookback
+(tests/_mock_messages_prompt.py), and its message object and exact SSE event
+sequence (tests/_mock_messages_wire.py); `claude-*` models have a 200k window.
+Everything else is minimal.
 """
 
 from __future__ import annotations
@@ -39,11 +45,15 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 try:  # imported as tests.mock_upstream (benchmarks) or mock_upstream (pytest rootdir)
+    from . import _mock_messages_prompt as ap
+    from . import _mock_messages_wire as aw
     from . import _mock_prompt as mp
     from . import _mock_responses_prompt as rp
     from . import _mock_responses_wire as rw
     from . import _mock_stream as ms
 except ImportError:
+    import _mock_messages_prompt as ap  # type: ignore[no-redef]
+    import _mock_messages_wire as aw  # type: ignore[no-redef]
     import _mock_prompt as mp  # type: ignore[no-redef]
     import _mock_responses_prompt as rp  # type: ignore[no-redef]
     import _mock_responses_wire as rw  # type: ignore[no-redef]
@@ -61,9 +71,17 @@ PrefixCache = mp.PrefixCache
 render_item = rp.render_item
 responses_prompt_chunks = rp.prompt_chunks
 responses_prompt_token_ids = rp.prompt_token_ids
+render_block = ap.render_block
+messages_prompt_chunks = ap.prompt_chunks
+messages_prompt_token_ids = ap.prompt_token_ids
+messages_prompt_tokens = ap.prompt_tokens
+min_cacheable_tokens = ap.min_cacheable_tokens
+BreakpointCache = ap.BreakpointCache
+messages_error_body = aw.error_body
 
 DEFAULT_WINDOW = 128_000
 DEFAULT_WINDOWS: dict[str, int] = {"gpt-4o": 128_000, "gpt-4o-mini": 128_000}
+CLAUDE_WINDOW = 200_000  # every `claude-*` model without an entry or a `-NNk` suffix
 RESPONSES_WINDOW_MESSAGE = ("Your input exceeds the context window of this model. "
                             "Please adjust your input and try again.")
 ScriptEntry = str | dict[str, Any] | Callable[[dict[str, Any]], str | dict[str, Any]]
@@ -104,6 +122,7 @@ class MockUpstream:
         self.errors: list[str] = []  # tracebacks of mock bugs / failing script callables
         self.cache = PrefixCache()
         self.stored = rp.ResponseStore()  # Responses API: kept responses, per API key
+        self.messages_cache = ap.BreakpointCache()  # Messages API: Anthropic's breakpoint cache
         self.reset()
 
     # ---- lifecycle
@@ -153,6 +172,7 @@ class MockUpstream:
             self.requests.clear()
             self.errors.clear()
             self.cache.clear()
+            self.messages_cache.clear()
             self.stored.clear()
             self._script: collections.deque[ScriptEntry] = collections.deque()
             self._failures: collections.deque[_Failure] = collections.deque()
@@ -176,9 +196,10 @@ class MockUpstream:
     # ---- scripting
 
     def script(self, *responses: ScriptEntry) -> None:
-        """Queue replies: text, `{"tool_calls": [{"name", "arguments"}], "content"?}`, or a
-        callable `(request_json) -> either`. Used in order by chat and Responses requests alike
-        (a Responses reply is a message item and/or function_call items); "ok" when empty."""
+        """Queue replies: text, `{"tool_calls": [{"name", "arguments"}], "content"?, "thinking"?}`, or a
+        callable `(request_json) -> either`. Used in order by chat, Responses and Messages requests
+        alike (a Responses reply is a message item and/or function_call items, a Messages reply text
+        and/or tool_use blocks, after a thinking block if the request enables thinking); "ok" when empty."""
         with self._lock:
             self._script.extend(responses)
 
@@ -191,11 +212,13 @@ class MockUpstream:
             self._failures.append(_Failure(status, raw, dict(headers or {})))
 
     def window_for(self, model: str) -> int:
-        """`windows[model]`, else a `-32k`-style suffix, else `default_window`."""
+        """`windows[model]`, else a `-32k`-style suffix, else 200k for `claude-*`, else `default_window`."""
         if model in self.windows:
             return self.windows[model]
         m = re.search(r"-(\d+)k$", model)
-        return int(m.group(1)) * 1000 if m else self.default_window
+        if m:
+            return int(m.group(1)) * 1000
+        return CLAUDE_WINDOW if model.startswith("claude-") else self.default_window
 
     # ---- ASGI
 
@@ -259,6 +282,12 @@ class MockUpstream:
             return self._responses_compact(rec)
         if rec.method == "GET" and rec.path.startswith("/v1/responses/"):
             return self._responses_get(rec)
+        if key == ("POST", "/v1/messages"):
+            return self._messages(rec, first_delay, chunk_delay)
+        if key == ("POST", "/v1/messages/count_tokens"):
+            return self._messages_count_tokens(rec)
+        if rec.path == "/v1/messages" or rec.path.startswith("/v1/messages/"):
+            return self._messages_error(aw.ERROR_STATUS["not_found_error"], "not_found_error", "Not Found")
         return self._json(404, ms.error_body(f"Invalid URL ({rec.method} {rec.path})"))
 
     @staticmethod
@@ -319,7 +348,7 @@ class MockUpstream:
                                                  param="messages", code="invalid_type"))
         return None
 
-    def _next_reply(self, body: dict[str, Any]) -> ms.Reply:
+    def _next_reply(self, body: dict[str, Any], call_prefix: str = "call_") -> ms.Reply:
         with self._lock:
             entry: ScriptEntry = self._script.popleft() if self._script else "ok"
         if callable(entry):
@@ -332,10 +361,10 @@ class MockUpstream:
                 self._call_seq += 1
                 n = self._call_seq
             args = call.get("arguments", {})
-            calls.append(ms.ToolCall(call.get("id") or f"call_{n}", call["name"],
+            calls.append(ms.ToolCall(call.get("id") or f"{call_prefix}{n}", call["name"],
                                      args if isinstance(args, str)
                                      else json.dumps(args, separators=(",", ":"))))
-        return ms.Reply(entry.get("content"), calls)
+        return ms.Reply(entry.get("content"), calls, entry.get("thinking"))
 
     def _chat(self, rec: RecordedRequest, first_delay: float, chunk_delay: float) -> Response:
         body = rec.json
@@ -489,6 +518,68 @@ class MockUpstream:
         if stored is None:
             return self._json(404, ms.error_body(f"Response with id '{response_id}' not found."))
         return self._json(200, stored.response)
+
+    # ---- Anthropic Messages API
+
+    def _messages_error(self, status: int, type_: str, message: str) -> Response:
+        """Anthropic's error envelope, its request_id also in the `request-id` header as the API sends it."""
+        request_id = f"req_mock{self._next_id()}"
+        return self._json(status, aw.error_body(type_, message, request_id), {"request-id": request_id})
+
+    @staticmethod
+    def _api_key(rec: RecordedRequest) -> str:
+        """The request's key: `x-api-key`, or the Bearer token (how SDK 2.x and OAuth clients send one)."""
+        auth = rec.headers.get("authorization") or ""
+        return rec.headers.get("x-api-key") or auth.removeprefix("Bearer ")
+
+    def _messages_prompt(self, rec: RecordedRequest, *, create: bool) -> ap.Prompt | Response:
+        """The request rendered, or the 401/400 Anthropic answers instead."""
+        if not self._api_key(rec):
+            return self._messages_error(401, "authentication_error", "x-api-key header is required")
+        try:
+            ap.validate(rec.json, create=create)
+        except ap.RequestError as e:
+            return self._messages_error(e.status, e.type_, e.message)
+        return ap.render(rec.json)
+
+    def _messages(self, rec: RecordedRequest, first_delay: float, chunk_delay: float) -> Response:
+        prompt = self._messages_prompt(rec, create=True)
+        if isinstance(prompt, Response):
+            return prompt
+        body = rec.json
+        model = body["model"]
+        window = self.window_for(model)
+        if prompt.tokens > window:  # Anthropic compares the prompt alone with the window
+            return self._messages_error(400, "invalid_request_error",
+                                        f"prompt is too long: {prompt.tokens} tokens > {window} maximum")
+        use = self.messages_cache.use((self._api_key(rec), model), prompt, self.clock(),
+                                      ap.min_cacheable_tokens(model))
+        n = self._next_id()
+        if body["max_tokens"] == 0:  # fills the cache, generates nothing (and takes no script entry)
+            content: list[dict[str, Any]] = []
+            stop, output = "max_tokens", 0
+        else:
+            reply = self._next_reply(body, call_prefix="toolu_mock")
+            content = aw.content_blocks(f"mock{n}", reply, ap.wants_thinking(body))
+            stop, output = aw.stop_reason(content), aw.output_tokens(content)
+        rec.usage = aw.usage(prompt.tokens - use.read - use.written, use.read, use.written_5m,
+                             use.written_1h, output)
+        message = aw.message_object(id_=f"msg_mock{n}", model=model, content=content, stop=stop,
+                                    usage=dict(rec.usage))
+        headers = {"request-id": f"req_mock{n}"}
+        if not body.get("stream"):
+            return self._json(200, message, headers)
+        return StreamingResponse(ms.sse_stream(aw.sse_events(aw.stream_events(message)),
+                                               first_delay=first_delay, chunk_delay=chunk_delay),
+                                 media_type="text/event-stream",
+                                 headers={**headers, "cache-control": "no-cache"})
+
+    def _messages_count_tokens(self, rec: RecordedRequest) -> Response:
+        """The prompt's tokens as /v1/messages would bill them in all; nothing is cached or generated."""
+        prompt = self._messages_prompt(rec, create=False)
+        if isinstance(prompt, Response):
+            return prompt
+        return self._json(200, {"input_tokens": prompt.tokens}, {"request-id": f"req_mock{self._next_id()}"})
 
     def _echo(self, rec: RecordedRequest) -> Response:
         return self._json(200, {"method": rec.method, "path": rec.path, "query": rec.query,

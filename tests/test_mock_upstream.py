@@ -629,6 +629,10 @@ def test_mock_imports_no_proxy_code() -> None:
             body = {"model": "gpt-4o", "input": "hi", "stream": True}
             r = httpx.post(m.base_url + "/responses", json=body)
             assert r.status_code == 200 and "response.completed" in r.text
+            body = {"model": "claude-opus-4-7", "max_tokens": 5, "stream": True,
+                    "messages": [{"role": "user", "content": "hi"}]}
+            r = httpx.post(m.base_url + "/messages", json=body, headers={"x-api-key": "k"})
+            assert r.status_code == 200 and "event: message_stop" in r.text
         print(",".join(sorted(n for n in sys.modules if n == "proxy" or n.startswith("proxy."))))
     """)
     env = {**os.environ, "PYTHONPATH": os.path.dirname(tests_dir)}

@@ -174,6 +174,10 @@ class Codec(Protocol):
         """Top-level fields that are part of the cached prompt prefix (Responses' `instructions`)."""
         ...
 
+    def summary_fields(self, body: Body) -> dict[str, Any]:
+        """What a summary call in the cached shape repeats of the agent's request so its cached prefix is hit."""
+        ...
+
     def reply_text(self, data: Any) -> str | None:
         """The text of a non-streamed reply: "" if it has none (a tool call), None if it is not a reply."""
         ...

@@ -25,6 +25,9 @@ class OpenAIBody:
     def error_body(self, err: ProxyError) -> bytes:
         return err.body()
 
+    def summary_fields(self, body: Body) -> dict[str, Any]:
+        return self.prefix_fields(body)  # type: ignore[attr-defined,no-any-return]
+
     def fixed_marks(self, body: Body) -> list[int]:
         return []
 

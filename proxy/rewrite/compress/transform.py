@@ -255,7 +255,7 @@ class Compress:
         if sum(view.counts[:t]) + default_counter.count_tools(tools, model) + instruction + prefix \
                 + summary_tokens(s, ctx.window) > ctx.window:
             return None
-        extra = {**conv.wire.prefix_fields(conv.body), **cache_fields(self.peers.cache_hints, conv, ctx)}
+        extra = {**conv.wire.summary_fields(conv.body), **cache_fields(self.peers.cache_hints, conv, ctx)}
         return CachedPrefix(view.messages[:t], tools, extra)
 
     async def _clear(self, wire: Codec, msgs: list[Message], counts: list[int], h: int, archive: Archive, tool: str,

@@ -192,11 +192,25 @@ class Messages(OpenAIBody):
         body["messages"] = join(items[lead:], {})
         if tools:
             body["tools"] = tools
-        body["temperature"] = 0
+        thinking = body.get("thinking")
+        if isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled"):  # enabled, adaptive
+            # the agent's thinking settings (the cached shape): the API then wants no temperature and
+            # room for the thinking budget on top of the summary's
+            budget = thinking.get("budget_tokens")
+            body["max_tokens"] = max_output + (budget if isinstance(budget, int) and budget > 0 else 0)
+        else:
+            body["temperature"] = 0
         return body
 
     def prefix_fields(self, body: Body) -> dict[str, Any]:
         return {"system": body["system"]} if body.get("system") is not None else {}
+
+    def summary_fields(self, body: Body) -> dict[str, Any]:
+        """The system prompt, and the thinking settings: changing them would invalidate the cached messages."""
+        out = self.prefix_fields(body)
+        if isinstance(body.get("thinking"), dict):
+            out["thinking"] = body["thinking"]
+        return out
 
     def reply_text(self, data: Any) -> str | None:
         if not isinstance(data, dict) or data.get("type") != "message" or not isinstance(data.get("content"), list):
