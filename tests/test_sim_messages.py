@@ -374,6 +374,16 @@ def test_the_summarizer_is_recognised_in_both_shapes():
         *SPAN, {"role": "user", "content": [RESULT, {"type": "text", "text": "see " + summarizer.COMPACTION_OPEN}]}]})
     assert turn["content"][0]["text"] == "ok"
     assert [r.kind for r in sim.log] == ["summary", "summary", "facts", "summary", "facts", "turn"]
+    n = len(sim.log)
+    # the cached shape as the proxy's codec builds it (proxy/wire/messages): the same answer
+    import orjson
+
+    from proxy.wire.messages.codec import MESSAGES
+    items = MESSAGES.items(MESSAGES.parse(orjson.dumps({"model": "m", "max_tokens": 10, "messages": [
+        *SPAN, {"role": "user", "content": [RESULT]}]})))
+    built = MESSAGES.request("m", [*items, MESSAGES.message("user", summarizer.IN_PLACE_PROMPT)], tools=TOOLS,
+                             extra={"system": "You are an agent."}, max_output=2000)
+    assert sim.messages(built, "k")[1]["content"][0]["text"] == text and sim.log[n].kind == "summary"
     # an answer longer than max_tokens is cut there
     _, cut = sim.messages({"model": "m", "max_tokens": 5, "messages": cached})
     assert cut["stop_reason"] == "max_tokens" and cut["usage"]["output_tokens"] == 5

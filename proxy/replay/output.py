@@ -19,15 +19,15 @@ def banner_lines(simulated: bool, upstream: str | None, window: int) -> list[str
         return ["SIMULATION: no model was called and no API key was used.",
                 "provider: ctxproxy's built-in simulator (proxy/replay/simulator.py), "
                 f"context window {window:,} tokens:",
-                "          o200k_base token counts, OpenAI-style prefix caching (Messages: Anthropic's, at its "
-                "cache_control breakpoints), \"ok\" answers, extractive summaries",
+                "          o200k_base token counts, OpenAI-style prefix caching, \"ok\" answers, extractive summaries",
                 "no proxy: the same turns sent straight to a fresh simulator"]
     return [f"provider: {upstream} (real; its own figures), context window set to {window:,} tokens",
             f"no proxy: SIMULATED, the same turns counted by ctxproxy's built-in simulator (window {window:,})"]
 
 
 API_NAMES = {"chat": "Chat Completions (POST /v1/chat/completions)", "responses": "Responses (POST /v1/responses)",
-             "messages": "Anthropic Messages (POST /v1/messages)"}
+             "messages": "Anthropic Messages (POST /v1/messages; cached at cache_control breakpoints, as Anthropic "
+                         "caches)"}
 
 
 def api_of(traces: Sequence[Trace]) -> str:
