@@ -533,6 +533,8 @@ def test_a_native_claude_code_trace_fits_the_window_only_through_the_proxy(monke
 
     r = cli("--simulate", "--api", "chat", str(path))  # a Messages recording is not sent as chat
     assert r.returncode == 2 and "--api messages" in r.stderr
+    r = cli("--simulate", "--api", "messages", str(_codex_trace()))  # nor a Responses one as Messages
+    assert r.returncode == 2 and "recorded in the Responses API: replay it with --api responses" in r.stderr
 
 
 def test_replay_a_chat_example_as_messages_requests():
