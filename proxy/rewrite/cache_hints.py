@@ -50,6 +50,7 @@ def cache_fields(settings: CacheHintsSettings | None, conv: Conversation, ctx: R
 
 
 _TTL_SECONDS = {"5m": 300, "1h": 3600}
+MIN_CACHEABLE_TOKENS = 1024  # Anthropic's smallest cacheable prefix (more on some models): a mark before it is moot
 
 
 class CacheHints:
@@ -96,6 +97,8 @@ class CacheHints:
         kept = max((e.kept for e in conv.kinds(CompactionInEffect)), default=0)
         wanted = [i for i in (end, kept - 1, head - 1) if i >= 0]  # most valuable first
         out, unmarked = list(msgs), {}
+        if sum(conv.counts(msgs)) + conv.fixed_tokens() < MIN_CACHEABLE_TOKENS:
+            return  # a prompt too short for any provider to cache: a mark would change its bytes for nothing
         for i in dict.fromkeys(wanted):
             while i >= 0 and budget > 0:
                 if wire.has_breakpoint(out[i]):

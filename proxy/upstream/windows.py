@@ -138,21 +138,18 @@ def _anthropic_limit(message: str, sent_tokens: int, reserve: int) -> int | None
     """Anthropic's window, in the proxy's tokens: Claude's tokenizer is not ours, so the room for the prompt is
     scaled by how our count of the rejected prompt compares with the provider's (else a window learned in the
     provider's tokens would never be below the prompt as we count it, and the retry would be rejected again)."""
-    if m := _ANTHROPIC.search(message):
-        theirs, room = _int(m.group(1)), _int(m.group(2))
-        if theirs <= room:
-            return None
-    elif m := _ANTHROPIC_BUDGET.search(message):
-        theirs, budget, limit = _int(m.group(1)), _int(m.group(2)), _int(m.group(3))
-        if theirs + budget <= limit:
-            return None
-        room = limit - budget
-    else:
-        return None
     ours = sent_tokens - reserve
-    if theirs <= 0 or ours <= 0 or room <= 0:
-        return None
-    return max(1, room * ours // theirs) + reserve
+    if m := _ANTHROPIC.search(message):  # the prompt alone is over the window
+        theirs, window = _int(m.group(1)), _int(m.group(2))
+        if theirs <= window or theirs <= 0 or ours <= 0:
+            return None
+        return max(1, window * ours // theirs)
+    if m := _ANTHROPIC_BUDGET.search(message):  # the prompt and max_tokens are: the budget is not tokenized
+        theirs, budget, window = _int(m.group(1)), _int(m.group(2)), _int(m.group(3))
+        if theirs + budget <= window or theirs <= 0 or ours <= 0 or window <= budget:
+            return None
+        return max(1, (window - budget) * ours // theirs) + reserve
+    return None
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,11 @@ class OpenAIBody:
     def error_body(self, err: ProxyError) -> bytes:
         return err.body()
 
+    def prefix_fields(self, body: Body) -> dict[str, Any]:
+        return {}  # chat: the system prompt is a message
+
     def summary_fields(self, body: Body) -> dict[str, Any]:
-        return self.prefix_fields(body)  # type: ignore[attr-defined,no-any-return]
+        return self.prefix_fields(body)
 
     def fixed_marks(self, body: Body) -> list[int]:
         return []

@@ -156,9 +156,6 @@ class ChatCompletions(OpenAIBody):
         body["max_tokens"] = max_output
         return body
 
-    def prefix_fields(self, body: Body) -> dict[str, Any]:
-        return {}  # the system prompt is a message
-
     def reply_text(self, data: Any) -> str | None:
         try:
             text = data["choices"][0]["message"]["content"]

@@ -168,6 +168,7 @@ class _Round:
         self.delta: dict[str, Any] | None = None  # the held message_delta
         self.delta_event = b""  # ... as the provider sent it
         self.stop: bytes | None = None  # the held message_stop
+        self.failed = False  # the provider ended the stream with an error event
 
     def content(self) -> list[Any]:
         return [self.blocks[i].done() for i in sorted(self.blocks)]
@@ -203,7 +204,8 @@ async def stream(send: Send, first: httpx.Response, url: str, rounds: Rounds) ->
                 if kind == "error":
                     if hidden:
                         raise hidden_failure(200, orjson.dumps(data), "text/event-stream", "an error event")
-                    out.append(ev)
+                    out.append(ev)  # the provider's own end of the stream (overloaded mid-way): the client's
+                    r.failed = True
                     continue
                 if kind == "message_start":
                     message = data.get("message")
@@ -242,6 +244,8 @@ async def stream(send: Send, first: httpx.Response, url: str, rounds: Rounds) ->
             if out:
                 yield b"".join(out)
         if r.stop is None:
+            if r.failed:
+                return
             raise StreamCutShort("the provider closed the stream before message_stop")
         if r.ours and len(r.ours) == r.calls() and not rounds.last:
             rounds.add_own(parse_usage(r.usage))
