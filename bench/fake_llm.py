@@ -21,6 +21,11 @@ answers:
   ("=== TURNS BEING MOVED OUT ===") in the RULES / STATE / OPEN layout;
 * everything else with "ok", as the mock does.
 
+Messages API bodies (top-level ``system``, content blocks) likewise
+(``bench/replay/messages_items.to_messages``: system a leading system message,
+tool results tool messages, ``tool_use`` blocks tool calls): ctxproxy's
+instruction is then the last text block of the last user message, which may
+also carry the last tool results (they read as the tool messages before it).
 Responses API bodies (``input`` items, ``instructions``) are read as the
 chat messages they stand for (``bench/replay/responses_items.to_messages``:
 instructions a leading system message, calls gathered, outputs as tool
@@ -51,6 +56,7 @@ from typing import Any
 import tiktoken
 
 from bench.identifiers import head_end
+from bench.replay import messages_items
 from bench.replay.responses_items import to_messages
 
 SUMMARY_TOKENS = 500  # budget of the digest lines (headings come on top: ~520-560 tokens in all)
@@ -105,16 +111,19 @@ def first_line(text: str) -> str:
 
 
 def messages_of(body: dict[str, Any]) -> list[Any]:
-    """A request's conversation as chat messages: chat's `messages`, or a Responses body's `input` read as them."""
+    """A request's conversation as chat messages: chat's `messages`, or a Responses body's `input` or a Messages
+    body read as them."""
     if "messages" not in body and "input" in body:
         return to_messages(body["input"], body.get("instructions"))
+    if messages_items.is_messages_body(body):
+        return messages_items.to_messages(body)
     msgs = body.get("messages") or []
     return msgs if isinstance(msgs, list) else []
 
 
 def kind(body: Any) -> str | None:
     """Which proxy-own call this request is ('summary', 'facts', 'notes-inplace', 'notes-full'),
-    None for the agent's. Chat or Responses bodies alike."""
+    None for the agent's. Chat, Responses or Messages bodies alike."""
     if not isinstance(body, dict):
         return None
     msgs = messages_of(body)

@@ -471,3 +471,101 @@ def test_the_simulators_responses_stream_parses_in_the_openai_sdk():
                                   "param": "input", "code": "context_length_exceeded"}
     assert [r.kind for r in sim.log] == ["turn", "turn", "summary", "turn"]
     assert sim.log[1].cached_tokens == 0 and sim.log[-1].error == "context_length_exceeded"
+
+
+# --------------------------------------------------------------------------- Anthropic's Messages API
+
+def _claude_code_trace() -> Path:
+    """A real Claude Code session in Messages shape, shipped with the tests (tests/data/NOTICE.md)."""
+    name = "08_claude-code_claude-reliability_opus-4-5_python-to-rust-port.json"
+    return Path(__file__).resolve().parent / "data" / name
+
+
+def test_a_native_claude_code_trace_fits_the_window_only_through_the_proxy(monkeypatch, capsys):
+    from proxy.replay import drive
+    from tests.test_sim_messages import ReferenceCache, reference_blocks
+
+    sims: list[Simulator] = []
+    seen: list[tuple[str, str]] = []
+
+    class Recorded(Simulator):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            sims.append(self)
+
+        def messages(self, body, authorization=""):
+            seen.append((authorization, body["messages"][-1]["role"]))
+            return super().messages(body, authorization)
+
+    monkeypatch.setattr(drive, "Simulator", Recorded)
+    path = _claude_code_trace()
+    assert run(parse(["--simulate", "--window", "12000", "--json", str(path)])) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["api"] == "messages" and doc["traces"][0]["native"] is True
+    base, proxy = doc["totals"]["no_proxy"], doc["totals"]["ctxproxy"]
+    assert base["rejected"] >= 1
+    assert proxy["rejected"] == 0 and proxy["failed"] == 0 and proxy["answered"] == proxy["turns"]
+    baseline, through = sims
+    # every request the proxy made, its own summaries included, is one Anthropic accepts: valid (tool pairing,
+    # at most 4 breakpoints, max_tokens), within the window with its max_tokens, with the client's key
+    assert [r.status for r in through.log] == [200] * len(through.log)
+    assert {r.kind for r in through.log} >= {"turn", "summary"}
+    assert all(r.prompt_tokens + 4096 <= 12000 for r in through.log if r.kind == "turn")
+    assert {a for a, _ in seen[len(baseline.log):]} == {drive.SIMULATED_KEY}
+    assert proxy["cached_tokens"] > 0
+
+    # The baseline, recomputed from the recorded messages by the documented rules, with Claude Code's breakpoints
+    data = json.loads(path.read_text())
+    ref, rows = ReferenceCache(), []
+    for t in doc["turns"]:
+        n = t["index"]
+        msgs = json.loads(json.dumps(data["items"][:n]))
+        last = msgs[-1]["content"]
+        last[-1]["cache_control"] = {"type": "ephemeral"}
+        body = {"model": data["model"], "max_tokens": 4096, "tools": data["tools"], "messages": msgs}
+        total = sum(k for k, _ in reference_blocks(body))
+        if total + 4096 > 12000:
+            rows.append((400, total, None))
+            continue
+        _, read, _ = ref.bill(body)
+        rows.append((200, total, read))
+    assert [(t["no_proxy"]["status"], t["no_proxy"]["prompt"], t["no_proxy"]["cached"]) for t in doc["turns"]] == rows
+
+    r = cli("--simulate", "--api", "chat", str(path))  # a Messages recording is not sent as chat
+    assert r.returncode == 2 and "--api messages" in r.stderr
+    r = cli("--simulate", "--api", "messages", str(_codex_trace()))  # nor a Responses one as Messages
+    assert r.returncode == 2 and "recorded in the Responses API: replay it with --api responses" in r.stderr
+
+
+def test_replay_a_chat_example_as_messages_requests():
+    r = cli("--simulate", "--api", "messages", "--window", "16000", "--json", "21", timeout=180)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["api"] == "messages" and doc["traces"][0]["native"] is False
+    assert all(t["ctxproxy"]["status"] == 200 for t in doc["turns"])
+    chat = json.loads(next(p for p in EXAMPLES if p.name.startswith("21_")).read_text())["messages"]
+    assert len(doc["turns"]) == sum(1 for i, m in enumerate(chat) if i and m["role"] == "assistant")
+    # sent as alternating messages: each turn's count is that of the merged conversation before the answer
+    assert [t["messages"] for t in doc["turns"]] == sorted(t["messages"] for t in doc["turns"])
+    assert doc["totals"]["no_proxy"]["cached_tokens"] > 0  # the client's own breakpoints cache without the proxy
+
+
+def test_the_replays_routes_keep_the_api_they_forward(tmp_path):
+    from proxy.http.routing import resolve_route
+    from proxy.replay.proxy_setup import proxy_settings
+
+    sim = "http://127.0.0.1:1/v1"
+    shipped = proxy_settings(str(ROOT / "config.yaml"), sim, str(tmp_path), ["m"], 32000, True, ["anthropic"])
+    assert {r.name: r.upstream.api for r in shipped.routes} == {"default": "openai", "local": None,
+                                                                "anthropic": "anthropic"}
+    assert all(r.upstream.base_url == sim for r in shipped.routes)
+    # Claude Code's bare /v1/messages takes the Anthropic route, as against the real providers
+    assert resolve_route(shipped, None, {}, "claude-x", "anthropic").name == "anthropic"
+    assert resolve_route(shipped, None, {}, "gpt-4o", "openai").name == "default"
+    # the built-in defaults forward to api.openai.com: the default route takes Messages only when they are replayed
+    assert proxy_settings(None, sim, str(tmp_path), ["m"], 32000, True, ["openai"]).routes[0].upstream.api == "openai"
+    assert proxy_settings(None, sim, str(tmp_path), ["m"], 32000, True, ["anthropic"]).routes[0].upstream.api is None
+    # a real upstream: its own host decides
+    real = proxy_settings(str(ROOT / "config.yaml"), "https://api.anthropic.com/v1", str(tmp_path), ["m"], 32000,
+                          False, ["anthropic"])
+    assert {r.upstream.speaks() for r in real.routes} == {"anthropic"}

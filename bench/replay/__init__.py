@@ -78,6 +78,7 @@ Usage (from the repo root)::
                            [--proxy-src DIR] [--proxy-mode subprocess|inprocess]
     python -m bench.replay --window 32000 --settings compress [--per-trace] ...   # the compression comparison
     python -m bench.replay --window 32000 --api both [--native DIR] ...   # chat and the Responses API side by side
+    python -m bench.replay --window 32000 --api all ...   # chat, Responses and Anthropic's Messages API
 
 ``--settings`` takes names or groups (``offload``: the default three;
 ``compress``: no-proxy, sliding-window-20, middle-out, ctxproxy,
@@ -108,5 +109,17 @@ corpus, request bodies), ``checks`` (tool-call pairing, previews), ``targets``
 setting over every trajectory), ``criteria`` (the offload and compression
 checks), ``tables`` (the markdown tables), ``responses_items`` (chat turns as Responses items and back),
 ``native`` (the native Responses sessions), ``apis`` (what differs between chat and Responses: body, path,
-view, prompt chunks, usage) and ``cli`` (arguments, main).
+view, prompt chunks, usage), ``messages_items`` (chat turns as Messages requests and back) and ``cli``
+(arguments, main).
+
+``--api messages`` (or ``all``: chat, Responses and Messages side by side)
+sends every turn to ``/v1/messages``: the chat trajectories converted as
+Claude Code would send them (``messages_items``: alternating roles,
+``tool_use`` / ``tool_result`` blocks, ``max_tokens``, and Claude Code's cache
+breakpoints on the system prompt and the last message, so the no-proxy row's
+cache reads are what the client's own breakpoints get), and the native Claude
+Code sessions of ``--native DIR`` (``native.NativeMessagesTrace``: the input up
+to each user message). The mock bills them as Anthropic does (cache reads and
+writes at breakpoints only); the side-by-side table adds the cache writes
+Anthropic bills apart.
 """

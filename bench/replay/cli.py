@@ -15,9 +15,9 @@ from typing import Any
 
 from bench import replay as package
 from bench.paths import ROOT, TRACES_ENV, default_traces_dir, traces_dir
-from bench.replay.apis import CHAT, RESPONSES, AnyTrace, Api
+from bench.replay.apis import CHAT, MESSAGES, RESPONSES, AnyTrace, Api
 from bench.replay.criteria import compare, compression_criteria, offload_criteria, over_trigger_traces
-from bench.replay.native import default_native_dir, load_native
+from bench.replay.native import default_native_dir, load_native, load_native_messages
 from bench.replay.run import replay_setting
 from bench.replay.settings import (
     BASELINE,
@@ -29,12 +29,12 @@ from bench.replay.settings import (
     derived_setting,
 )
 from bench.replay.tables import (
-    CORPUS_LABELS,
     api_markdown,
     available,
     compaction_detail,
     compress_markdown,
     compress_per_trace_markdown,
+    corpus_label,
     criteria_markdown,
     markdown,
     per_trace_markdown,
@@ -61,6 +61,16 @@ def machine() -> dict[str, Any]:
     """Python, platform, CPU count and the date, for the JSON file."""
     return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def load_native_has(directory: str, api: str, select: list[str] | None) -> bool:
+    """Whether `directory` holds a native session of `api` (`--api both/all` skips a kind it has none of)."""
+    if api == "messages":
+        return bool(load_native_messages(directory, select))
+    try:
+        return bool(load_native(directory, select))
+    except SystemExit:
+        return False
 
 
 def _setting_names(ap: argparse.ArgumentParser, spec: str) -> list[str]:
@@ -128,30 +138,42 @@ def main(argv: list[str] | None = None) -> int:
                                         "`git archive HEAD proxy` snapshot; default: the installed one")
     ap.add_argument("--per-trace", action="store_true", help="also print the per-trajectory table")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    ap.add_argument("--api", choices=("chat", "responses", "both"), default="chat",
+    ap.add_argument("--api", choices=("chat", "responses", "messages", "both", "all"), default="chat",
                     help="replay in chat completions (default), the Responses API (the chat corpus converted to "
-                         "Responses items, and the native sessions), or both, side by side")
+                         "Responses items, and the native Codex sessions), Anthropic's Messages API (the chat "
+                         "corpus converted, and the native Claude Code sessions), both (chat and Responses) or "
+                         "all three, side by side")
     ap.add_argument("--native", default=None,
-                    help="the native Responses sessions (Codex) replayed with --api responses/both (default: "
-                         "shared/traces-native beside the repository, else traces-native beside the corpus; "
-                         "'none': skip them)")
-    ap.add_argument("--native-traces", default="", help="comma-separated native session ids (01,03); default all")
+                    help="the native sessions (Codex: Responses; Claude Code: Messages) replayed in their API "
+                         "(default: shared/traces-native beside the repository, else traces-native beside the "
+                         "corpus; 'none': skip them)")
+    ap.add_argument("--native-traces", default="", help="comma-separated native session ids (01,03,08); "
+                                                         "default all")
     args = ap.parse_args(argv)
 
     names = _setting_names(ap, args.settings)
     corpus_dir = traces_dir(args.traces_dir)
     traces = load_traces(corpus_dir, [s for s in args.traces.split(",") if s.strip()] or None)
     groups: list[tuple[Api, str, list[AnyTrace]]] = []
-    if args.api in ("chat", "both"):
+    native_dir = default_native_dir(corpus_dir) if args.native is None else args.native
+    if native_dir == "none":
+        native_dir = None
+    if native_dir and not os.path.isdir(native_dir):
+        ap.error(f"--native {native_dir!r} is not a directory")
+    native_ids = [s for s in args.native_traces.split(",") if s.strip()] or None
+    if args.api in ("chat", "both", "all"):
         groups.append((CHAT, "trajectories", list(traces)))
-    if args.api in ("responses", "both"):
+    if args.api in ("responses", "both", "all"):
         groups.append((RESPONSES, "trajectories", list(traces)))
-        native_dir = default_native_dir(corpus_dir) if args.native is None else args.native
-        if native_dir and native_dir != "none":
-            if not os.path.isdir(native_dir):
-                ap.error(f"--native {native_dir!r} is not a directory")
-            groups.append((RESPONSES, "native", list(load_native(
-                native_dir, [s for s in args.native_traces.split(",") if s.strip()] or None))))
+        if native_dir and (args.api == "responses" or load_native_has(native_dir, "responses", native_ids)):
+            groups.append((RESPONSES, "native", list(load_native(native_dir, native_ids))))
+    if args.api in ("messages", "all"):
+        groups.append((MESSAGES, "trajectories", list(traces)))
+        claude = load_native_messages(native_dir, native_ids) if native_dir else []
+        if claude:
+            groups.append((MESSAGES, "native", list(claude)))
+        elif native_dir:
+            print(f"replay: no Claude Code session (api: messages) in {native_dir}", file=sys.stderr)
 
     t0 = time.perf_counter()
     results = []
@@ -180,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         compress_checks += checks
         subsets[f"{api.name}/{corpus}"] = subset
         if len(groups) > 1:
-            print(f"## {api.name} API, {CORPUS_LABELS[corpus]} ({len(group)} conversations, "
+            print(f"## {api.name} API, {corpus_label(api.name, corpus)} ({len(group)} conversations, "
                   f"{sum(len(t.turns(args.final_turn)) for t in group)} requests per setting)\n")
         if compress_mode:
             _print_compress_report(part, ok, checks, subset, args.window)
@@ -194,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         if len(groups) > 1:
             print()
     if len(groups) > 1:
-        print("## chat and Responses side by side\n")
+        names = list(dict.fromkeys({"chat": "chat", "responses": "Responses", "messages": "Messages"}[a.name]
+                                   for a, _, _ in groups))
+        print(f"## {' and '.join([', '.join(names[:-1]), names[-1]])} side by side\n" if len(names) > 1
+              else f"## {names[0]}: the chat corpus and the native sessions side by side\n")
         print(api_markdown(results))
         detail = rejected_detail(results)
         if detail:
@@ -203,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(traces)} trajectories, {sum(len(t.turns(args.final_turn)) for t in traces)} requests per setting "
           f"({'with' if args.final_turn else 'without'} final turns), window {args.window:,}, "
           f"proxy {args.proxy_mode}; "
-          + "".join(f"{len(g)} native Responses sessions ({sum(len(t.turns(args.final_turn)) for t in g)} requests "
-                    "per setting); " for _, c, g in groups if c == "native")
+          + "".join(f"{len(g)} {corpus_label(a.name, c)} ({sum(len(t.turns(args.final_turn)) for t in g)} requests "
+                    "per setting); " for a, c, g in groups if c == "native")
           + f"total runtime {runtime:.1f}s")
     if args.json_path:
         command = shlex.join([sys.executable, "-m", "bench.replay", *sys.argv[1:]]) if argv is None else argv

@@ -14,8 +14,12 @@ sends beside the input: ``prompt_cache_key`` = the session id and
 corpus (the sessions recorded gpt-5-codex and others; the mock bills all
 models alike).
 
-Files whose ``api`` is not ``responses`` (the Claude Code session) are not
-loaded.
+The Claude Code sessions of the same corpus (``api: "messages"``: ``items``
+are Messages-API messages, ``system``, ``tools`` with ``input_schema``) are
+``NativeMessagesTrace``: a turn is the input up to each user message (tool
+results sent back, or the user typing), up to the last recorded request; each
+request carries ``max_tokens`` and Claude Code's cache breakpoints
+(``messages_items.request``), model ``gpt-4o`` likewise.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.paths import ROOT
+from bench.replay import messages_items
 from bench.replay.responses_items import to_messages
 from bench.replay.settings import MODEL
 
@@ -116,4 +121,50 @@ def load_native(directory: str, select: Iterable[str] | None = None) -> list[Nat
                                int(data.get("last_request_input_len") or len(data["items"]))))
     if not out:
         raise SystemExit(f"replay: no Responses session (api: responses) in {directory}")
+    return out
+
+
+@dataclass
+class NativeMessagesTrace:
+    """One recorded Claude Code session: its Messages-API messages in order, the tools and system it sent."""
+
+    id: str  # "08"
+    name: str
+    items: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    system: Any
+    last_input: int  # `last_request_input_len`: the messages of the last request the session recorded
+
+    def turns(self, final: bool = False) -> list[int]:
+        """Input lengths of the requests the session sent: after each user message (tool results or the user's
+        words), up to the last recorded request; `final` also keeps one after it."""
+        out = [k + 1 for k, m in enumerate(self.items) if m.get("role") == "user"
+               and not (k + 1 < len(self.items) and self.items[k + 1].get("role") == "user")]
+        return [i for i in out if final or i <= self.last_input]
+
+    def view(self, i: int) -> list[dict[str, Any]]:
+        """The input of turn `i` as chat messages (identifiers, pairing and preview checks read these)."""
+        return messages_items.to_messages({"system": self.system, "messages": self.items[:i]})
+
+    def body(self, i: int) -> dict[str, Any]:
+        """The request Claude Code sent at turn `i`, with its breakpoints and max_tokens."""
+        return messages_items.request(MODEL, self.system, self.items[:i], self.tools)
+
+
+def load_native_messages(directory: str, select: Iterable[str] | None = None) -> list[NativeMessagesTrace]:
+    """The Claude Code sessions (api: messages) of `directory` in file order; none is not an error (the
+    corpus may hold only Codex sessions)."""
+    wanted = {s.strip().zfill(2) for s in select} if select else None
+    out = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        name = os.path.basename(path)[:-5]
+        tid = name.split("_", 1)[0]
+        if wanted is not None and tid not in wanted:
+            continue
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if data.get("api") != "messages":
+            continue
+        out.append(NativeMessagesTrace(tid, name, data["items"], data.get("tools") or None, data.get("system"),
+                                       int(data.get("last_request_input_len") or len(data["items"]))))
     return out

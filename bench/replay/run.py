@@ -15,7 +15,7 @@ from bench import external_proxies as ext
 from bench import fake_llm
 from bench.replay.apis import CHAT, AnyTrace, Api
 from bench.replay.compaction import load_proxy_history
-from bench.replay.native import NativeTrace
+from bench.replay.native import NativeMessagesTrace, NativeTrace
 from bench.replay.settings import MODEL, Setting
 from bench.replay.targets import (
     cpu_seconds,
@@ -36,8 +36,8 @@ def replay_setting(setting: Setting, traces: list[AnyTrace], mock: mu.MockUpstre
                    proxy_mode: str, final_turn: bool = False, progress: bool = True,
                    proxy_src: str | None = None, api: Api = CHAT, corpus: str = "trajectories") -> dict[str, Any]:
     """Every trajectory through `setting` in `api`, with the mock reset first; the setting's result (totals,
-    trajectories), marked with the API and the corpus (`trajectories`: the chat corpus; `native`: Responses
-    sessions).
+    trajectories), marked with the API and the corpus (`trajectories`: the chat corpus; `native`: the
+    recorded sessions, Codex's in the Responses API, Claude Code's in the Messages API).
 
     A setting whose proxy cannot be installed or started is returned as "unavailable", with the exact error,
     so the other settings still run; so is one that has no form in `api` (the open-source proxies are replayed
@@ -46,7 +46,7 @@ def replay_setting(setting: Setting, traces: list[AnyTrace], mock: mu.MockUpstre
     where = {"api": api.name, "corpus": corpus}
     if api is not CHAT and setting.external:
         return {**_unavailable(setting, "api", f"{setting.name} is replayed in chat only"), **where}
-    if setting.transform is not None and any(isinstance(t, NativeTrace) for t in traces):
+    if setting.transform is not None and any(isinstance(t, NativeTrace | NativeMessagesTrace) for t in traces):
         return {**_unavailable(setting, "api", f"{setting.name} transforms chat messages; the native sessions "
                                                 "have none"), **where}
     mock.reset()

@@ -229,14 +229,25 @@ def compaction_detail(res: dict[str, Any], limit: int = 40) -> str:
 
 
 CORPUS_LABELS = {"trajectories": "chat corpus", "native": "native Codex sessions"}
+NATIVE_LABELS = {"responses": "native Codex sessions", "messages": "native Claude Code sessions"}
+
+
+def corpus_label(api: str, corpus: str) -> str:
+    """How a (API, corpus) group is named in the tables: the native sessions are Codex's or Claude Code's."""
+    if corpus == "native":
+        return NATIVE_LABELS.get(api, "native sessions")
+    return CORPUS_LABELS.get(corpus, corpus)
 
 
 def api_markdown(results: list[dict[str, Any]]) -> str:
-    """Chat and Responses side by side: per setting, one row per (API, corpus) it was replayed in.
+    """Chat, Responses and Messages side by side: per setting, one row per (API, corpus) it was replayed in.
 
-    The chat corpus in chat and converted to Responses items are the same turns, so their rows compare
-    directly (the last column: the Responses row against the chat row of the same setting); the native Codex
+    The chat corpus in chat and converted to Responses items or Messages are the same turns, so their rows
+    compare directly (the "vs chat" column: the row against the chat row of the same setting); the native
     sessions are other conversations, compared only with their own no-proxy row ("prompt vs no-proxy").
+    "cache writes": the tokens Anthropic bills as written to its cache (at 1.25 x the input price; cost units
+    leave them at 1 x, as for the OpenAI APIs, which bill no writes). The Messages no-proxy row's hit rate is
+    the cache reads Claude Code's own breakpoints get.
     """
     order = list(dict.fromkeys(r["setting"] for r in results))
     groups = list(dict.fromkeys((r.get("api", "chat"), r.get("corpus", "trajectories")) for r in results))
@@ -244,17 +255,17 @@ def api_markdown(results: list[dict[str, Any]]) -> str:
     lines = ["| setting | API | corpus | requests | rejected (ctx exceeded) | provider 400s | prompt tokens | "
              "cached tokens | hit rate (agent only) | cost units | prompt vs no-proxy | "
              "proxy's own calls: n / prompt tok | compactions | identifiers kept: all / after head | "
-             "pairing: bad requests, strict | Responses vs chat: prompt, hit rate points | wall s |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "pairing: bad requests, strict | vs chat: prompt, hit rate points | cache writes | wall s |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in order:
         for api, corpus in groups:
             r = by.get((name, api, corpus))
             if r is None:
                 continue
-            where = f"| {name} | {api} | {CORPUS_LABELS.get(corpus, corpus)} |"
+            where = f"| {name} | {api} | {corpus_label(api, corpus)} |"
             if "total" not in r:
                 u = r["unavailable"]
-                lines.append(f"{where} not run: {u['error']} |" + " |" * 13)
+                lines.append(f"{where} not run: {u['error']} |" + " |" * 14)
                 continue
             t = r["total"]
             i = t["identifiers"]
@@ -272,7 +283,8 @@ def api_markdown(results: list[dict[str, Any]]) -> str:
                 f"{pct(t['hit_rate'])} ({pct(t['agent_hit_rate'])}) | {t['cost_units']:,.0f} | "
                 f"{pct(t.get('prompt_ratio'))} | {own} | {t['compactions']} | "
                 f"{share(i['kept'], i['total'])} / {share(i['after_head_kept'], i['after_head'])} | "
-                f"{t['pairing_problems']}, {t['pairing_problems_strict']} | {vs} | {t['wall_s']:.1f} |")
+                f"{t['pairing_problems']}, {t['pairing_problems_strict']} | {vs} | "
+                f"{f'{w:,}' if (w := t.get('cache_written_tokens')) else '-'} | {t['wall_s']:.1f} |")
     return "\n".join(lines)
 
 
@@ -284,7 +296,8 @@ def rejected_detail(results: list[dict[str, Any]], limit: int = 20) -> str:
         rej = r["proxy"].get("rejected") or []
         if not rej:
             continue
-        lines.append(f"{r['setting']} [{r.get('api', 'chat')}, {CORPUS_LABELS.get(r.get('corpus', ''), '')}]: "
+        api = r.get("api", "chat")
+        lines.append(f"{r['setting']} [{api}, {corpus_label(api, r.get('corpus', ''))}]: "
                      f"{len(rej)} rejected")
         for q in rej[:limit]:
             size = (f"; proxy's count {q['tokens_before']:,} -> {q['tokens_after']:,} ({q['compacted']})"

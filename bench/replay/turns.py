@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -11,7 +12,7 @@ import httpx
 from bench import external_proxies as ext
 from bench import fake_llm
 from bench import identifiers as idents
-from bench.replay.apis import CHAT, AnyTrace, Api, billed
+from bench.replay.apis import CHAT, AnyTrace, Api, billed, cache_written
 from bench.replay.checks import RewriteCheck, digest, tool_pairing_problems
 from bench.replay.compaction import chunks_common, diagnose_lost, identifier_listing, is_status, summary_stats
 from bench.replay.settings import Setting
@@ -20,12 +21,17 @@ from tests import mock_upstream as mu
 
 CACHED_PRICE = 0.1  # a cached input token costs this share of an uncached one
 BREAK_TOKENS = 1024  # a request that re-bills more than this much of the previous prompt broke the cached prefix
+# Anthropic's context-window errors (invalid_request_error, no code), counted as context_length_exceeded
+_ANTHROPIC_WINDOW = re.compile(r"^(prompt is too long: |input length and `max_tokens` exceed context limit: )")
 
 
 def _error_code(content: bytes) -> str | None:
-    """The `error.code` (or `error.type`) of an OpenAI-shaped error body."""
+    """The `error.code` (or `error.type`) of an OpenAI- or Anthropic-shaped error body; Anthropic's window
+    errors as "context_length_exceeded"."""
     try:
         err = json.loads(content).get("error") or {}
+        if _ANTHROPIC_WINDOW.match(str(err.get("message") or "")):
+            return "context_length_exceeded"
         return err.get("code") or err.get("type")
     except (ValueError, AttributeError):
         return None
@@ -42,8 +48,7 @@ def replay_trace(client: httpx.Client, base: str, setting: Setting, trace: AnyTr
     the `proxy_*` fields count the proxy's own calls alone. The checks read
     every request as chat messages (`api.view`), so they are the same for both APIs.
     """
-    auth = f"Bearer sk-replay-{setting.name}-{trace.id}"
-    headers = {"authorization": auth, "content-type": "application/json"}
+    headers = {**api.headers(f"sk-replay-{setting.name}-{trace.id}"), "content-type": "application/json"}
     if setting.external and ext.EXTERNALS[setting.external].session_header:
         headers[ext.EXTERNALS[setting.external].session_header] = f"replay-{setting.name}-{trace.id}"
     check = RewriteCheck(setting.offload_thresholds()) if setting.proxied else None
@@ -73,7 +78,7 @@ def replay_trace(client: httpx.Client, base: str, setting: Setting, trace: AnyTr
                                "upstream_requests": len(sent), "prompt_tokens": 0, "cached_tokens": 0,
                                "body_bytes": len(raw), "proxy_calls": 0, "proxy_prompt_tokens": 0,
                                "proxy_cached_tokens": 0, "proxy_completion_tokens": 0, "provider_rejections": 0,
-                               "client_messages": len(client_view)}
+                               "client_messages": len(client_view), "cache_written_tokens": 0}
         if resp.status_code != 200:
             row["error"] = _error_code(resp.content)
         _read_proxy_headers(row, resp.headers)
@@ -179,6 +184,7 @@ def _bill(row: dict[str, Any], sent: list[Any], turn: int, pairing: list[dict[st
         prompt, cached, completion = billed(rec.usage) if rec.status == 200 and rec.usage else (0, 0, 0)
         row["prompt_tokens"] += prompt
         row["cached_tokens"] += cached
+        row["cache_written_tokens"] += cache_written(rec.usage) if rec.status == 200 and rec.usage else 0
         if own is not None:
             row["proxy_calls"] += 1
             row.setdefault("proxy_call_kinds", []).append(own if rec.status == 200 else f"{own}:{rec.status}")
@@ -215,6 +221,7 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "cached_tokens": cached,
         "hit_rate": round(cached / prompt, 5) if prompt else None,
         "cost_units": round(prompt - cached + CACHED_PRICE * cached, 1),
+        "cache_written_tokens": sum(r.get("cache_written_tokens", 0) for r in rows),  # billed apart (Anthropic)
         "proxy_calls": sum(r.get("proxy_calls", 0) for r in rows),
         "proxy_prompt_tokens": pp,
         "proxy_cached_tokens": pc,

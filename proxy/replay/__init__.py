@@ -1,6 +1,6 @@
 """`ctxproxy replay`: recorded agent trajectories through an in-process ctxproxy, turn by turn, against no proxy.
 
-    ctxproxy replay [TRACE ...] [--simulate | --upstream URL] [--api chat|responses] [--route NAME]
+    ctxproxy replay [TRACE ...] [--simulate | --upstream URL] [--api chat|responses|messages] [--route NAME]
                     [--window N] [--config PATH] [--json] [--plot FILE.png]
 
 Each assistant message of a trajectory is one turn: the agent's request (the
@@ -20,6 +20,14 @@ shipped in proxy/examples/; a TRACE that is not a file may name one of them
 (proxy/replay/traces_responses.py). A trace recorded in the Responses API (the
 shared traces-native format, ``api: "responses"``) is replayed as recorded,
 one turn per tool output; it needs no ``--api`` and refuses ``--api chat``.
+
+``--api messages`` sends them as Anthropic Messages requests (``POST
+/v1/messages``, with ``max_tokens`` and Claude Code's cache breakpoints):
+chat trajectories are converted (proxy/replay/traces_messages.py), and a trace
+recorded in the Messages API (``api: "messages"``, Claude Code) is replayed as
+recorded, one turn per message of tool results; it refuses the other APIs.
+With ``--upstream`` the key comes from $ANTHROPIC_API_KEY (sent as
+``x-api-key``).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from proxy.replay.traces import Trace, TraceError, example_paths, load_trace
+from proxy.replay.traces_messages import as_messages
 from proxy.replay.traces_responses import as_responses
 
 DEFAULT_WINDOW = 32_000
@@ -41,18 +50,19 @@ DEFAULT_WINDOW = 32_000
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="*", metavar="TRACE",
                    help="trajectory files (JSON: {\"messages\": [...], \"tools\": [...]} or a list of messages, or a "
-                        "Responses trace {\"api\": \"responses\", \"items\": [...], ...}); "
+                        "Responses or Messages trace {\"api\": \"responses\" | \"messages\", \"items\": [...], ...}); "
                         "none: the shipped examples (with --simulate)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--simulate", action="store_true",
                        help="use the built-in provider simulator (the default without --upstream): no key, no network")
     where.add_argument("--upstream", metavar="URL",
-                       help="a real OpenAI-compatible base URL for the proxy (key from $OPENAI_API_KEY); "
-                            "the no-proxy baseline stays simulated")
-    p.add_argument("--api", choices=("chat", "responses"),
-                   help="the API the turns are sent in: chat (POST /v1/chat/completions, the default) or responses "
-                        "(POST /v1/responses; chat trajectories are converted to Responses items). A trace recorded "
-                        "in the Responses API is always replayed in it")
+                       help="a real provider's base URL for the proxy (key from $OPENAI_API_KEY, or "
+                            "$ANTHROPIC_API_KEY with --api messages); the no-proxy baseline stays simulated")
+    p.add_argument("--api", choices=("chat", "responses", "messages"),
+                   help="the API the turns are sent in: chat (POST /v1/chat/completions, the default), responses "
+                        "(POST /v1/responses; chat trajectories are converted to Responses items) or messages "
+                        "(Anthropic's POST /v1/messages; chat trajectories converted to Messages). A trace recorded "
+                        "in the Responses or the Messages API is always replayed in it")
     p.add_argument("--route", metavar="NAME", help="send the turns to this route (/r/NAME/v1)")
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
                    help=f"context window of the replayed models, for the proxy and the simulator "
@@ -67,6 +77,10 @@ class _Fail(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
+
+
+def _api_name(api: str) -> str:
+    return {"chat": "Chat Completions", "responses": "Responses", "messages": "Messages"}.get(api, api)
 
 
 def _resolve(arg: str) -> Path:
@@ -97,9 +111,11 @@ def load_traces(args: argparse.Namespace) -> list[Trace]:
             if not path.exists() and names:
                 hint = f" (shipped examples: {', '.join(x.stem for x in example_paths())})"
             raise _Fail(f"cannot read trace {arg}: {e}{hint}") from None
-        if trace.native and api == "chat":
-            raise _Fail(f"trace {arg} was recorded in the Responses API: replay it with --api responses", 2)
-        traces.append(as_responses(trace) if api == "responses" else trace)
+        if trace.native and api is not None and api != trace.api:
+            raise _Fail(f"trace {arg} was recorded in the {_api_name(trace.api)} API: replay it with --api "
+                        f"{trace.api}", 2)
+        traces.append(as_responses(trace) if api == "responses" else as_messages(trace) if api == "messages"
+                      else trace)
     seen: dict[str, int] = {}
     for t in traces:  # two traces of one name: keep their rows apart
         seen[t.name] = seen.get(t.name, 0) + 1
@@ -142,13 +158,15 @@ def run(args: argparse.Namespace) -> int:
     simulated = not args.upstream
     authorization = f"Bearer {drive.SIMULATED_KEY}" if simulated else (
         f"Bearer {os.environ['OPENAI_API_KEY']}" if os.environ.get("OPENAI_API_KEY") else None)
+    anthropic_key = drive.SIMULATED_KEY if simulated else os.environ.get("ANTHROPIC_API_KEY")
     n = sum(len(t.turns()) for t in traces)
     live = sys.stderr.isatty() and not args.json
     try:
         with _progress(live, n, n) as (tick_base, tick_proxy):
             base_sides, base_sim = drive.no_proxy(traces, args.window, f"Bearer {drive.SIMULATED_KEY}", tick_base)
             run_ = drive.through_proxy(traces, args.window, upstream=args.upstream, config=args.config,
-                                       route=args.route, authorization=authorization, tick=tick_proxy)
+                                       route=args.route, authorization=authorization, tick=tick_proxy,
+                                       anthropic_key=anthropic_key)
     except ConfigError as e:
         raise _Fail(f"invalid configuration: {e}", 2) from None
     except drive.ReplayError as e:

@@ -6,7 +6,9 @@ route's upstream pointed at the simulator (or at ``--upstream``), and the
 replayed models' window set to ``--window``. It runs under uvicorn on a free
 127.0.0.1 port in a thread, and the turns reach it over real HTTP, one after
 the other, as an agent sends them: each trace in its API (``POST
-/v1/chat/completions`` or ``POST /v1/responses``, proxy/replay/traces.py).
+/v1/chat/completions``, ``POST /v1/responses`` or ``POST /v1/messages``,
+proxy/replay/traces.py). Messages requests carry Anthropic's headers
+(``x-api-key``, ``anthropic-version``) instead of ``Authorization``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ SIMULATED_KEY = "sk-ctxproxy-simulated"  # the Authorization the replay sends to
 CACHED_PRICE = 0.1  # a cached prompt token costs about a tenth of an uncached one
 OWN_KINDS = ("summary", "facts")
 _RESULTED_IN = re.compile(r"resulted in ([\d,]+) tokens|requested ([\d,]+) tokens")
+# Anthropic's two context-window errors (400 invalid_request_error, no code): the prompt, then the window.
+_ANTHROPIC_WINDOW = re.compile(r"^(?:prompt is too long: ([\d,]+) tokens > [\d,]+ maximum|input length and "
+                               r"`max_tokens` exceed context limit: ([\d,]+) \+ [\d,]+ > [\d,]+)")
+ANTHROPIC_VERSION = "2023-06-01"
 
 
 class ReplayError(Exception):
@@ -159,13 +165,13 @@ def no_proxy(traces: Sequence[Trace], window: int, authorization: str,
     """Every turn straight to a fresh simulator, in process."""
     sim = Simulator(window)
     sides = []
+    answers = {"chat": sim.complete, "responses": sim.respond, "messages": sim.messages}
     for trace in traces:
         for i in trace.turns():
-            answer = sim.respond if trace.api == "responses" else sim.complete
-            status, body = answer(trace.request(i), authorization)
+            status, body = answers[trace.api](trace.request(i), authorization)
             rec = sim.log[-1]
             err = body.get("error") if status != 200 else None
-            sides.append(Side(status=status, error=(err or {}).get("code") if err else None,
+            sides.append(Side(status=status, error=error_code(err)[0] if isinstance(err, dict) else None,
                               prompt=rec.prompt_tokens, cached=rec.cached_tokens if rec.billed else None,
                               billed=rec.billed, provider_requests=1))
             tick()
@@ -195,6 +201,17 @@ def _actions(headers: httpx.Headers) -> dict[str, Any]:
     return out
 
 
+def error_code(err: dict[str, Any]) -> tuple[str, int | None]:
+    """An error object's code (Anthropic's window errors, which have none, as "context_length_exceeded") and
+    the prompt size its message states, if any."""
+    message = str(err.get("message") or "")
+    if m := _ANTHROPIC_WINDOW.match(message):
+        return "context_length_exceeded", int((m.group(1) or m.group(2)).replace(",", ""))
+    m = _RESULTED_IN.search(message)
+    return str(err.get("code") or err.get("type") or "error"), int((m.group(1) or m.group(2)).replace(",", "")) \
+        if m else None
+
+
 def _error_code(content: bytes) -> tuple[str | None, int | None]:
     try:
         err = orjson.loads(content).get("error")
@@ -202,9 +219,7 @@ def _error_code(content: bytes) -> tuple[str | None, int | None]:
         return "unreadable_error", None
     if not isinstance(err, dict):
         return "error", None
-    m = _RESULTED_IN.search(str(err.get("message") or ""))
-    return str(err.get("code") or err.get("type") or "error"), int((m.group(1) or m.group(2)).replace(",", "")) \
-        if m else None
+    return error_code(err)
 
 
 @dataclass
@@ -216,8 +231,12 @@ class ProxyRun:
 
 
 def through_proxy(traces: Sequence[Trace], window: int, *, upstream: str | None, config: str | None,
-                  route: str | None, authorization: str | None, tick: Callable[[], None]) -> ProxyRun:
-    """Every turn through an in-process ctxproxy, to a fresh simulator (upstream None) or to `upstream`."""
+                  route: str | None, authorization: str | None, tick: Callable[[], None],
+                  anthropic_key: str | None = None) -> ProxyRun:
+    """Every turn through an in-process ctxproxy, to a fresh simulator (upstream None) or to `upstream`.
+
+    `authorization` goes with chat and Responses turns, `anthropic_key` (as x-api-key) with Messages turns.
+    """
     from proxy.app import create_app
 
     simulate = upstream is None
@@ -226,23 +245,27 @@ def through_proxy(traces: Sequence[Trace], window: int, *, upstream: str | None,
         sim_server = ThreadedServer(sim, lifespan="off", name="simulator") if sim else None
         try:
             base = (sim_server.start() + "/v1") if sim_server else str(upstream)
-            settings = proxy_settings(config, base, tmp, sorted({t.model for t in traces}), window, simulate)
+            apis = sorted({"anthropic" if t.api == "messages" else "openai" for t in traces})
+            settings = proxy_settings(config, base, tmp, sorted({t.model for t in traces}), window, simulate, apis)
             if route and settings.route(route) is None:
                 known = ", ".join(r.name for r in settings.routes)
                 raise ReplayError(f"unknown route {route!r}; configured routes: {known}", code=2)
             prefix = f"/r/{route}/v1" if route else "/v1"
             headers = {"content-type": "application/json"}
-            if authorization:
-                headers["authorization"] = authorization
+            per_api = {"chat": {"authorization": authorization} if authorization else {},
+                       "responses": {"authorization": authorization} if authorization else {},
+                       "messages": {"anthropic-version": ANTHROPIC_VERSION,
+                                    **({"x-api-key": anthropic_key} if anthropic_key else {})}}
             with ThreadedServer(create_app(settings), name="ctxproxy") as proxy, \
                     httpx.Client(base_url=proxy.url, headers=headers, trust_env=False,  # loopback: no env proxy
                                  timeout=httpx.Timeout(900.0, connect=10.0)) as client:
                 sides, ids, sessions = [], [], []
+                credentials: dict[str, dict[str, str]] = {}  # session -> the headers its turns were sent with
                 for n, trace in enumerate(traces, 1):
                     # One session per recorded run: two runs that open alike (same system prompt and first
                     # user message) would otherwise share the session the proxy derives from them.
-                    sid = {"x-session-id": f"replay-{n}-{trace.name}"[:200]}
-                    path = prefix + ("/responses" if trace.api == "responses" else "/chat/completions")
+                    sid = {"x-session-id": f"replay-{n}-{trace.name}"[:200], **per_api[trace.api]}
+                    path = prefix + _PATHS[trace.api]
                     for i in trace.turns():
                         before = len(sim.log) if sim else 0
                         side, rid, session = _send(client, path, trace.request(i), sid)
@@ -252,15 +275,19 @@ def through_proxy(traces: Sequence[Trace], window: int, *, upstream: str | None,
                         ids.append(rid)
                         if session and session not in sessions:
                             sessions.append(session)
+                            credentials[session] = per_api[trace.api]
                         tick()
                 if not simulate:
-                    _own_calls_from_timeline(client, sessions, ids, sides)
+                    _own_calls_from_timeline(client, sessions, ids, sides, credentials)
         except RuntimeError as e:  # a server that did not start
             raise ReplayError(str(e)) from None
         finally:
             if sim_server:
                 sim_server.stop()
     return ProxyRun(sides, list(sim.log) if sim else None, logs.lines, sessions)
+
+
+_PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
 
 
 def _send(client: httpx.Client, path: str, body: dict[str, Any],
@@ -302,7 +329,7 @@ def _from_log(side: Side, records: Sequence[SimRecord]) -> None:
 
 
 def _own_calls_from_timeline(client: httpx.Client, sessions: list[str], ids: list[str | None],
-                             sides: list[Side]) -> None:
+                             sides: list[Side], credentials: dict[str, dict[str, str]]) -> None:
     """With a real upstream, the proxy's own calls come from its accounting (written in the background)."""
     wanted = {rid for rid in ids if rid}
     entries: dict[str, dict[str, Any]] = {}
@@ -310,7 +337,7 @@ def _own_calls_from_timeline(client: httpx.Client, sessions: list[str], ids: lis
     while time.monotonic() < deadline:
         for s in sessions:
             try:
-                r = client.get(f"/ctx/v1/sessions/{s}")
+                r = client.get(f"/ctx/v1/sessions/{s}", headers=credentials.get(s) or {})
                 if r.status_code == 200:
                     for e in r.json().get("requests") or []:
                         entries[e.get("request_id")] = e
@@ -329,8 +356,15 @@ def _own_calls_from_timeline(client: httpx.Client, sessions: list[str], ids: lis
 
 def client_tokens(trace: Trace, i: int) -> int:
     """ctxproxy's own count of what the agent sent for turn `i` (proxy/tokens/counter.py); for a Responses request
-    its input items, tools and instructions."""
+    its input items, tools and instructions; for a Messages request its messages, tools and system."""
     body = trace.request(i)
+    if trace.api == "messages":
+        n = default_counter.count_messages(body["messages"], trace.model)
+        n += default_counter.count_tools(body.get("tools"), trace.model)
+        system = body.get("system")
+        texts = [system] if isinstance(system, str) else [b.get("text", "") for b in system or []
+                                                         if isinstance(b, dict)]
+        return n + sum(default_counter.count_text(t, trace.model) for t in texts if t)
     if trace.api != "responses":
         return default_counter.count_request(body)
     n = default_counter.count_messages(body["input"], trace.model) + default_counter.count_tools(body.get("tools"),

@@ -25,7 +25,9 @@ def banner_lines(simulated: bool, upstream: str | None, window: int) -> list[str
             f"no proxy: SIMULATED, the same turns counted by ctxproxy's built-in simulator (window {window:,})"]
 
 
-API_NAMES = {"chat": "Chat Completions (POST /v1/chat/completions)", "responses": "Responses (POST /v1/responses)"}
+API_NAMES = {"chat": "Chat Completions (POST /v1/chat/completions)", "responses": "Responses (POST /v1/responses)",
+             "messages": "Anthropic Messages (POST /v1/messages; cached at cache_control breakpoints, as Anthropic "
+                         "caches)"}
 
 
 def api_of(traces: Sequence[Trace]) -> str:
@@ -34,11 +36,11 @@ def api_of(traces: Sequence[Trace]) -> str:
 
 
 def api_line(traces: Sequence[Trace]) -> str:
-    """Which API the turns were sent in, and for Responses how many traces were converted from chat."""
+    """Which API the turns were sent in, and for Responses / Messages how many traces were converted from chat."""
     parts = []
     for api in sorted({t.api for t in traces}):
         part = API_NAMES[api]
-        if api == "responses":
+        if api in ("responses", "messages"):
             group = [t for t in traces if t.api == api]
             native = sum(t.native for t in group)
             notes = ([f"{native} recorded in it"] if native else []) + \
@@ -86,7 +88,7 @@ def _sent(side: Side) -> Text:
 
 
 def turn_table(trace: Trace, turns: Sequence[Turn]) -> Table:
-    unit = "items" if trace.api == "responses" else "messages"
+    unit = "items" if trace.api == "responses" else "messages"  # (Messages: its own messages, merged by role)
     t = Table(title=f"{trace.name}  |  model {trace.model}  |  {trace.api}  |  {len(trace.entries)} {unit}, "
                     f"{len(turns)} turns",
               title_justify="left", box=box.SIMPLE_HEAD, row_styles=["", "dim"] if len(turns) > 12 else None,

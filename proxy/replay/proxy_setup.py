@@ -4,6 +4,14 @@ The user's configuration (or the built-in defaults) is used as it is, except
 that every route's upstream points at the simulator (or at ``--upstream``),
 the store is a temporary SQLite file, and the replayed models' window is
 ``--window``: what is measured is the user's proxy, on the replay's provider.
+
+Routes keep the API they forward (``upstream.api``, else what the host of
+their own base URL says, proxy/config.py), so each replayed request takes the
+route it would take against the real providers; the simulator speaks every
+API. Where no route would take an API the replay sends (the built-in
+defaults forward to api.openai.com, which takes no Messages request), the
+default route takes it, as an upstream of unknown API does. With
+``--upstream`` every route forwards to that one URL, whose host decides.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from proxy.config import Settings, build_settings
+from proxy.config import DEFAULT_UPSTREAM, Settings, UpstreamSettings, build_settings
 from proxy.errors import ConfigError
 
 
@@ -40,22 +48,46 @@ def _read_config(path: str | None) -> dict[str, Any]:
     return raw or {}
 
 
-def proxy_settings(config: str | None, upstream_url: str, store_dir: str, models: Sequence[str], window: int,
-                   simulate: bool) -> Settings:
-    """The user's configuration (or the defaults) with every upstream, the store and the models' window replaced."""
-    raw = copy.deepcopy(_read_config(config))
+def _speaks(api: Any, base_url: Any) -> Any:
+    """The API an upstream section forwards: its `api`, else what its base URL's host says (None: any)."""
+    if api is not None or not isinstance(base_url, str):
+        return api
+    try:
+        return UpstreamSettings(base_url=base_url).speaks()
+    except ValueError:  # build_settings names the fault
+        return None
 
-    def retarget(section: Any) -> dict[str, Any]:
+
+def proxy_settings(config: str | None, upstream_url: str, store_dir: str, models: Sequence[str], window: int,
+                   simulate: bool, apis: Sequence[str] = ()) -> Settings:
+    """The user's configuration (or the defaults) with every upstream, the store and the models' window replaced.
+
+    `apis`: the APIs the replay sends ("openai", "anthropic"): the default route takes one no route would.
+    """
+    raw = copy.deepcopy(_read_config(config))
+    given = raw.get("upstream")
+    top: dict[str, Any] = given if isinstance(given, dict) else {}
+    top_api, top_url = top.get("api"), top.get("base_url", DEFAULT_UPSTREAM)
+
+    def retarget(section: Any, inherited: bool) -> dict[str, Any]:
         up = dict(section) if isinstance(section, dict) else {}
+        speaks = _speaks(up.get("api", top_api if inherited else None),
+                         up.get("base_url", top_url if inherited else DEFAULT_UPSTREAM))
         up["base_url"] = upstream_url
+        up["api"] = speaks if simulate else None
         if simulate:
             up["api_key_env"] = None  # the simulator needs no key; the replay's own header is forwarded
         return up
 
-    raw["upstream"] = retarget(raw.get("upstream"))
+    raw["upstream"] = retarget(top, inherited=False)
     routes = raw.get("routes")
     if isinstance(routes, list):
-        raw["routes"] = [{**r, "upstream": retarget(r.get("upstream"))} if isinstance(r, dict) else r for r in routes]
+        raw["routes"] = [{**r, "upstream": retarget(r.get("upstream"), inherited=True)} if isinstance(r, dict)
+                         else r for r in routes]
+    spoken = [raw["upstream"]["api"]] + [r["upstream"]["api"] for r in raw.get("routes") or []
+                                         if isinstance(r, dict)]
+    if any(not any(s in (None, api) for s in spoken) for api in apis):
+        raw["upstream"]["api"] = None  # the default route takes what no route would
     raw["store"] = f"sqlite:///{os.path.join(store_dir, 'replay.db')}"
     facts = raw.get("models") if raw.get("models") is not None else {}
     if isinstance(facts, dict):  # anything else: build_settings names the fault

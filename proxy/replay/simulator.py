@@ -1,10 +1,11 @@
-"""A built-in provider SIMULATOR: OpenAI-compatible chat and Responses endpoints that need no API key and call no model.
+"""A built-in provider SIMULATOR: OpenAI's chat and Responses endpoints and Anthropic's Messages API, no key, no model.
 
 It exists so that ctxproxy can be seen working without a provider
 (``ctxproxy replay --simulate``, or ``python -m proxy.replay.simulator`` to put it
 behind ``ctxproxy serve``). Everything it answers is marked as simulated: the
 ``x-ctxproxy-simulated: 1`` response header, ``system_fingerprint:
-"ctxproxy-simulator"``, and the text of its answers.
+"ctxproxy-simulator"`` (chat), ``*_sim`` ids (``resp_sim``, ``msg_sim``), and
+the text of its answers.
 
 What it simulates, and how (the rules are exact so that anyone can recompute
 its figures):
@@ -44,6 +45,11 @@ usage chunk when ``stream_options.include_usage`` is set.
 ``POST /v1/responses`` (OpenAI's Responses API) is served by the same rules:
 its rendering of ``instructions``, ``tools`` and ``input`` items, its usage,
 error and stream shapes are in proxy/replay/sim_responses.py.
+
+``POST /v1/messages`` (Anthropic's Messages API, and its ``count_tokens``) has
+its own rules where Anthropic's differ: block-by-block rendering, caching only
+at ``cache_control`` breakpoints (with the 20-block lookback), Anthropic's
+usage, error and stream shapes; they are in proxy/replay/sim_messages.py.
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy.replay import sim_responses
+from proxy.replay import sim_messages, sim_responses
 from proxy.replay.sim_answers import _answer, call_kind
 from proxy.replay.sim_prompt import (
     DEFAULT_WINDOW,
@@ -80,7 +86,8 @@ from proxy.tokens.encodings import ensure_encodings, get_encoding
 
 # --------------------------------------------------------------------------- the simulator
 
-_PATHS = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/models", "/healthz"})
+_PATHS = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+                    "/v1/models", "/healthz"})
 
 
 def error_body(message: str, *, type_: str = "invalid_request_error", param: str | None = None,
@@ -106,9 +113,10 @@ class SimRecord:
     model: str
     status: int
     prompt_tokens: int  # counted even when rejected (then not billed)
-    cached_tokens: int
+    cached_tokens: int  # tokens read from the cache (Messages: cache_read_input_tokens)
     completion_tokens: int
-    error: str | None = None  # OpenAI error code, e.g. "context_length_exceeded"
+    error: str | None = None  # OpenAI error code, e.g. "context_length_exceeded" (also Anthropic's window errors)
+    cache_write: int = 0  # Messages: cache_creation_input_tokens
 
     @property
     def billed(self) -> bool:
@@ -128,12 +136,15 @@ class Simulator:
         self.window = window
         self.windows = dict(windows or {})
         self.cache = PrefixCache()
+        self.breakpoints = sim_messages.BreakpointCache()  # the Messages API's cache
         self.log: list[SimRecord] = []
         self._lock = threading.Lock()
         self._seq = 0
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/responses", self._responses, methods=["POST"]),
+            Route("/v1/messages", self._messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/healthz", self._health, methods=["GET"]),
         ])
@@ -144,7 +155,8 @@ class Simulator:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] not in _PATHS:
             resp = _json(404, error_body(f"Invalid URL ({scope.get('method')} {scope['path']}) (ctxproxy "
-                                         "simulator: only /v1/chat/completions, /v1/responses and /v1/models)"))
+                                         "simulator: only /v1/chat/completions, /v1/responses, /v1/messages and "
+                                         "/v1/models)"))
             await resp(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -214,6 +226,43 @@ class Simulator:
         usage = sim_responses.usage(prompt, cached, len(completion))
         return 200, sim_responses.response_object(n, int(time.time()), body, text, usage)
 
+    def messages(self, body: Any, authorization: str = "") -> tuple[int, dict[str, Any]]:
+        """Answer one Messages request: (HTTP status, JSON body: a `message` or an Anthropic error), and log it.
+
+        `authorization`: the caller's credentials (x-api-key, else Authorization), the cache scope with the model.
+        """
+        if (why := sim_messages.invalid(body)) is not None:
+            model = body.get("model") if isinstance(body, dict) else None
+            self._record(SimRecord("invalid", str(model or ""), 400, 0, 0, 0, "invalid_request_error"))
+            return 400, sim_messages.error_body(why)
+        model = str(body["model"])
+        kind = sim_messages.call_kind(body)
+        blocks = sim_messages.prompt_blocks(body)
+        prompt = sum(len(b.chunk) for b in blocks)
+        budget = int(body["max_tokens"])
+        window = self.window_for(model)
+        if prompt + budget > window:
+            self._record(SimRecord(kind, model, 400, prompt, 0, 0, "context_length_exceeded"))
+            return 400, sim_messages.error_body(sim_messages.too_long(prompt, window) if prompt > window
+                                                else sim_messages.too_long_with_output(prompt, budget, window))
+        with self._lock:
+            read, created, ttl = self.breakpoints.read_and_write((authorization, model), blocks)
+        text = sim_messages.answer(kind, body)
+        completion = tokens(text)
+        stop = "end_turn"
+        if len(completion) > budget:  # (max_tokens 0: the prompt is cached, nothing is written)
+            text = get_encoding(ENCODING).decode(list(completion[:budget]))
+            completion, stop = completion[:budget], "max_tokens"
+        n = self._record(SimRecord(kind, model, 200, prompt, read, len(completion), cache_write=created))
+        usage = sim_messages.usage(prompt, read, created, ttl, len(completion))
+        return 200, sim_messages.message_object(n, model, text, usage, stop)
+
+    def count_tokens(self, body: Any) -> tuple[int, dict[str, Any]]:
+        """Anthropic's free token count of a Messages request: {"input_tokens": N}; not logged."""
+        if (why := sim_messages.invalid(body, count_only=True)) is not None:
+            return 400, sim_messages.error_body(why)
+        return 200, {"input_tokens": sim_messages.prompt_tokens(body)}
+
     def _record(self, rec: SimRecord) -> int:
         with self._lock:
             self.log.append(rec)
@@ -247,6 +296,22 @@ class Simulator:
         return StreamingResponse(_responses_sse(out), media_type="text/event-stream",
                                  headers={SIMULATED_HEADER: "1", "cache-control": "no-cache"})
 
+    async def _messages(self, request: Request) -> Response:
+        body, refused = await _anthropic_body(request)
+        if refused is not None:
+            return refused
+        status, out = self.messages(body, _credentials(request))
+        if status != 200 or body.get("stream") is not True:
+            return _json(status, out)
+        return StreamingResponse(_messages_sse(out), media_type="text/event-stream",
+                                 headers={SIMULATED_HEADER: "1", "cache-control": "no-cache"})
+
+    async def _count_tokens(self, request: Request) -> Response:
+        body, refused = await _anthropic_body(request)
+        if refused is not None:
+            return refused
+        return _json(*self.count_tokens(body))
+
     async def _models(self, request: Request) -> Response:
         names = sorted(self.windows) or []
         return _json(200, {"object": "list", "data": [
@@ -259,6 +324,25 @@ class Simulator:
 def _json(status: int, obj: Any) -> Response:
     return Response(json.dumps(obj, ensure_ascii=False).encode(), status, {SIMULATED_HEADER: "1"},
                     media_type="application/json")
+
+
+def _credentials(request: Request) -> str:
+    """The key of a Messages request, the cache scope with the model: the x-api-key header, else the
+    Authorization header's bearer token (the anthropic SDK sends the key that way, Claude Code in x-api-key)."""
+    auth = request.headers.get("authorization", "")
+    return request.headers.get("x-api-key") or (auth[7:] if auth[:7].lower() == "bearer " else auth)
+
+
+async def _anthropic_body(request: Request) -> tuple[Any, Response | None]:
+    """The parsed body of a Messages request, or the 400 Anthropic answers (no version header, bad JSON)."""
+    if not request.headers.get(sim_messages.VERSION_HEADER):
+        return None, _json(400, sim_messages.error_body("anthropic-version: header is required"))
+    raw = await request.body()
+    try:
+        return (json.loads(raw) if raw else None), None
+    except ValueError:
+        return None, _json(400, sim_messages.error_body("There was an error parsing the body of your request. "
+                                                        "(ctxproxy simulator)"))
 
 
 async def _sse(done: dict[str, Any], include_usage: bool):  # type: ignore[no-untyped-def]
@@ -283,6 +367,12 @@ async def _sse(done: dict[str, Any], include_usage: bool):  # type: ignore[no-un
 async def _responses_sse(done: dict[str, Any]) -> AsyncIterator[bytes]:
     for event in sim_responses.stream_events(done):
         yield sim_responses.sse(event)
+        await asyncio.sleep(0)
+
+
+async def _messages_sse(done: dict[str, Any]) -> AsyncIterator[bytes]:
+    for event in sim_messages.stream_events(done):
+        yield sim_messages.sse(event)
         await asyncio.sleep(0)
 
 
@@ -342,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     p = argparse.ArgumentParser(prog="python -m proxy.replay.simulator",
-                                description="ctxproxy's provider SIMULATOR: OpenAI-compatible, no model, no key.")
+                                description="ctxproxy's provider SIMULATOR: OpenAI chat and Responses, Anthropic "
+                                            "Messages; no model, no key.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8001)
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW, help=f"context window (default {DEFAULT_WINDOW})")

@@ -9,7 +9,9 @@ message i. Replaying sends those requests again; the answers are ignored.
 
 A Responses trace (``api: "responses"`` with ``items``: the shared
 traces-native format) is read by proxy/replay/traces_responses.py, which also
-converts chat trajectories into Responses requests for ``--api responses``.
+converts chat trajectories into Responses requests for ``--api responses``;
+a Messages trace (``api: "messages"``: Anthropic's Messages API, Claude Code)
+likewise by proxy/replay/traces_messages.py, for ``--api messages``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from proxy.replay import traces_responses
+from proxy.replay import traces_messages, traces_responses
 
 DEFAULT_MODEL = "gpt-4o"
 # A recorded model name worth sending on: "gpt-4o", "claude-sonnet-4-20250514", "google/gemini-3-pro-preview".
@@ -42,28 +44,33 @@ class Trace:
     tools: list[dict[str, Any]] | None = None
     model: str = DEFAULT_MODEL
     meta: dict[str, Any] = field(default_factory=dict)
-    api: Literal["chat", "responses"] = "chat"  # the API its requests are sent in
-    items: list[dict[str, Any]] | None = None  # api "responses": the input items (`tools` are then flat)
+    api: Literal["chat", "responses", "messages"] = "chat"  # the API its requests are sent in
+    # api "responses": the input items (`tools` are then flat); api "messages": the Messages-shape messages
+    # (`tools` then {name, description, input_schema})
+    items: list[dict[str, Any]] | None = None
     instructions: str | None = None  # api "responses"
-    ends: list[int] | None = None  # api "responses": each turn's input length, in items
-    native: bool = False  # recorded in the Responses API (no chat messages)
+    ends: list[int] | None = None  # api "responses" / "messages": each turn's input length, in items
+    native: bool = False  # recorded in the Responses or Messages API (no chat messages)
+    system: Any = None  # api "messages": the top-level system prompt (a string or text blocks)
 
     def turns(self) -> list[int]:
         """Per turn, how much of the trace was sent: the index of the assistant message that answered it (chat),
-        or the number of input items (Responses)."""
+        or the number of input items (Responses) or messages (Messages)."""
         if self.ends is not None:
             return list(self.ends)
         return [i for i, m in enumerate(self.messages) if i > 0 and m.get("role") == "assistant"]
 
     @property
     def entries(self) -> list[dict[str, Any]]:
-        """What `turns()` counts: the messages, or the Responses items."""
-        return self.items if self.api == "responses" and self.items is not None else self.messages
+        """What `turns()` counts: the messages, or the Responses items / Messages messages."""
+        return self.items if self.api != "chat" and self.items is not None else self.messages
 
     def request(self, i: int) -> dict[str, Any]:
         """The request the agent sent for turn `i` (an entry of `turns()`) in the trace's API."""
         if self.api == "responses":
             return traces_responses.request(self, i)
+        if self.api == "messages":
+            return traces_messages.request(self, i)
         body: dict[str, Any] = {"model": self.model, "messages": self.messages[:i]}
         if self.tools:
             body["tools"] = self.tools
@@ -129,8 +136,11 @@ def load_trace(path: str | Path) -> Trace:
 
 
 def _native(p: Path, data: dict[str, Any]) -> Trace:
+    if data.get("api") == "messages":
+        return _native_messages(p, data)
     if data.get("api") not in ("responses", None):
-        raise TraceError(f"a trace of the {data.get('api')!r} API; ctxproxy replay sends chat or Responses requests")
+        raise TraceError(f"a trace of the {data.get('api')!r} API; ctxproxy replay sends chat, Responses or "
+                         "Messages requests")
     try:
         items, tools, instructions = traces_responses.check_native(data)
     except traces_responses.NativeTraceError as e:
@@ -138,6 +148,16 @@ def _native(p: Path, data: dict[str, Any]) -> Trace:
     meta = {k: v for k, v in data.items() if k not in ("items", "tools", "instructions")}
     return Trace(p.stem, str(p), [], tools, _model_of(data), meta, api="responses", items=items,
                  instructions=instructions, ends=traces_responses.native_ends(items), native=True)
+
+
+def _native_messages(p: Path, data: dict[str, Any]) -> Trace:
+    try:
+        items, tools, system, ends = traces_messages.check_native(data)
+    except traces_messages.NativeTraceError as e:
+        raise TraceError(str(e)) from None
+    meta = {k: v for k, v in data.items() if k not in ("items", "tools", "system")}
+    return Trace(p.stem, str(p), [], tools, _model_of(data), meta, api="messages", items=items, ends=ends,
+                 native=True, system=system)
 
 
 def example_paths() -> list[Path]:
