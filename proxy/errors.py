@@ -23,9 +23,16 @@ _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 4
                     429: "rate_limit_error", 529: "overloaded_error"}
 
 
-def anthropic_error_body(message: str, status: int) -> bytes:
-    """Anthropic's error envelope, which its SDKs and Claude Code parse on /v1/messages."""
-    type_ = _ANTHROPIC_TYPES.get(status, "api_error")
+ANTHROPIC_ERROR_TYPES = frozenset({*_ANTHROPIC_TYPES.values(), "api_error"})
+
+
+def anthropic_error_body(message: str, status: int, type_: str | None = None) -> bytes:
+    """Anthropic's error envelope, which its SDKs and Claude Code parse on /v1/messages.
+
+    `type_`: an Anthropic error type to keep (the provider's own); else the one the status calls for.
+    """
+    if type_ not in ANTHROPIC_ERROR_TYPES:
+        type_ = _ANTHROPIC_TYPES.get(status, "api_error")
     return orjson.dumps({"type": "error", "error": {"type": type_, "message": message}})
 
 

@@ -22,10 +22,26 @@ from proxy.http.request_run import RequestRun, context
 from proxy.rewrite.pipeline import run_pipeline
 from proxy.state import state_of
 from proxy.upstream.client import read_body, response_headers, upstream_url
+from proxy.wire.codec import Body
 from proxy.wire.conversation import Conversation
-from proxy.wire.messages.codec import MESSAGES
+from proxy.wire.messages.codec import MESSAGES, Messages
 
 COUNT_PATH = "messages/count_tokens"
+
+
+class _Counting(Messages):
+    """count_tokens' codec: its body has no max_tokens, and every parse of it says so.
+
+    Not only the first: a transform that fails, or a store that is down, has the
+    pipeline parse the client's bytes again to forward them unmodified
+    (proxy/rewrite/degrade.py), and that parse must not ask for max_tokens.
+    """
+
+    def parse(self, raw: bytes) -> Body:
+        return self.parse_as(raw, need_max_tokens=False)
+
+
+COUNTING = _Counting()
 
 
 async def messages(request: Request) -> Response:
@@ -36,8 +52,7 @@ async def count_tokens(request: Request) -> Response:
     st, run = state_of(request), RequestRun.start(request, MESSAGES)
     try:
         raw = await read_request_body(request, st.settings.server)
-        conv = Conversation(raw=raw, body=(body := MESSAGES.parse_as(raw, need_max_tokens=False)), wire=MESSAGES,
-                            client_messages=MESSAGES.items(body))
+        conv = Conversation.parse(raw, COUNTING)
         ctx = await context(st, request, conv, run)
         if ctx.route.count_tokens == "rewritten":
             pipeline = [t for t in st.pipelines[ctx.route.name] if t.name != "status_bar"]

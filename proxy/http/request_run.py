@@ -114,14 +114,27 @@ class StreamEnd:
 
 async def stream_events(chunks: AsyncIterator[bytes], end: StreamEnd, run: RequestRun,
                         wire: Codec) -> AsyncIterator[bytes]:
-    """Chunks as they arrive; a broken stream ends with one error event (and `end` says why), never a hang."""
+    """Chunks as they arrive; a broken stream ends with one error event (and `end` says why), never a hang.
+
+    The chunks are whole events but for the provider's last bytes. When those are an unterminated event
+    and the stream then breaks, they are dropped: SSE never dispatches an event the stream ended inside,
+    and glued to the front of the error event they would make that one unreadable too.
+    """
     first: float | None = None
+    tail = b""  # an unterminated event, held until something follows it
     try:
         async for chunk in chunks:
             if first is None:
                 first = time.perf_counter()
                 run.log["ttfb_ms"] = round((first - run.t0) * 1000, 3)
-            yield chunk
+            if tail or not chunk.endswith(b"\n\n"):
+                chunk = tail + chunk
+                cut = chunk.rfind(b"\n\n") + 2  # 1: no event ends in it
+                chunk, tail = (chunk[:cut], chunk[cut:]) if cut > 1 else (b"", chunk)
+            if chunk:
+                yield chunk
+        if tail:
+            yield tail
     except ProxyError as err:
         end.status, end.error = err.status, err.code
         yield wire.stream_error(wire.error_body(err))

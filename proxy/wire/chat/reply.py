@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import UpstreamUnreachable
+from proxy.errors import UpstreamUnreachable, anthropic_error_body
 
 _MESSAGE_MAX_CHARS = 2000  # of a provider's error message repeated in ours
 
@@ -41,6 +41,12 @@ class HiddenRoundFailed(UpstreamUnreachable):
         self.status = status if status >= 400 else 502
         if type_ is not None:
             self.type = type_
+
+    def anthropic_body(self) -> bytes:
+        """The provider's own error type when it is Anthropic's: an `overloaded_error` event in a hidden round
+        reaches the client as `overloaded_error` (how a client tells a busy API from a failed one), not as
+        the generic type of the status."""
+        return anthropic_error_body(self.message, self.status, self.type)
 
 
 def _text(v: Any) -> bool:

@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import httpx
-import orjson
 
 from proxy.accounting.usage import Usage
 from proxy.errors import ProxyError
+from proxy.wire import jsonio
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
 from proxy.wire.messages import rounds as messages_rounds
 from proxy.wire.messages.items import ORIGINS, is_block, join, split
@@ -147,7 +147,7 @@ class Messages(OpenAIBody):
     def calls(self, item: Item) -> list[ToolCall]:
         if is_block(item) or item.get("role") != "assistant" or not isinstance(item.get("content"), list):
             return []
-        return [ToolCall(b.get("id"), str(b.get("name") or "?"), orjson.dumps(b.get("input")).decode())
+        return [ToolCall(b.get("id"), str(b.get("name") or "?"), jsonio.dumps(b.get("input")).decode())
                 for b in item["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
 
     def answers(self, item: Item) -> str | None:

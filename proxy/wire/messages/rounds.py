@@ -27,17 +27,21 @@ import orjson
 from proxy.accounting.usage import Usage, parse_usage, usage_of_body
 from proxy.rewrite.context_read.tool import answer
 from proxy.upstream.client import iter_raw, read_body
+from proxy.wire import jsonio
 from proxy.wire.chat.reply import hidden_failure
 from proxy.wire.codec import Send
 from proxy.wire.hidden_rounds import HiddenRounds, read_answer
-from proxy.wire.sse import StreamCutShort, event_data, passed_events, split_events
+from proxy.wire.sse import StreamCutShort, event_data, event_payload, passed_events, split_events
 
 
 class Rounds(HiddenRounds):
     """Builds the follow-up requests of one client request; counts what it did."""
 
     def is_ours(self, block: Any) -> bool:
-        return isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == self.tool.name
+        """A call of the read tool the proxy can answer: one without a string id could not be (its tool_result
+        would be refused), so it is left to the client, as any reply the loop cannot read."""
+        return isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == self.tool.name \
+            and isinstance(block.get("id"), str)
 
     async def next_body(self, content: list[Any]) -> bytes:
         """The model's turn, then the proxy's answers to its read calls: the next request's bytes."""
@@ -45,7 +49,7 @@ class Rounds(HiddenRounds):
         for block in content:
             if self.is_ours(block):
                 args = block.get("input")
-                result = await answer(self.archive, orjson.dumps(args if isinstance(args, dict) else {}).decode(),
+                result = await answer(self.archive, jsonio.dumps(args if isinstance(args, dict) else {}).decode(),
                                       self.tool.max_chars)
                 self.messages.append({"type": "tool_result", "tool_use_id": block.get("id"), "content": result})
         self.done += 1
@@ -63,6 +67,11 @@ async def complete(send: Send, first: httpx.Response, url: str, rounds: Rounds) 
     while True:
         hidden = rounds.done > 0
         content, data = await read_answer(resp, url, hidden, "content", "a message object")
+        if data is not None and data.get("type") != "message":  # a `content` list alone does not make a message
+            if hidden:
+                raise hidden_failure(resp.status_code, content, resp.headers.get("content-type", ""),
+                                     "not a message object")
+            return resp, content
         if data is None:
             return resp, content
         blocks = data["content"]
@@ -81,11 +90,11 @@ async def complete(send: Send, first: httpx.Response, url: str, rounds: Rounds) 
         break
     if rounds.usages:
         data["usage"] = rounds.summed_usage(data.get("usage"))
-    return resp, orjson.dumps(data)
+    return resp, jsonio.dumps(data)  # usage summed over rounds may pass 64 bits, which orjson refuses
 
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+    return b"event: " + kind.encode() + b"\ndata: " + jsonio.dumps(data) + b"\n\n"
 
 
 class _Block:
@@ -155,7 +164,7 @@ async def stream(send: Send, first: httpx.Response, url: str, rounds: Rounds) ->
             for ev in split_events(buffer):
                 data = event_data(ev)
                 if not isinstance(data, dict) or not isinstance(data.get("type"), str):
-                    if hidden and data is not None:
+                    if hidden and (data is not None or event_payload(ev)):  # JSON of another shape, or not JSON
                         raise hidden_failure(200, b"", "text/event-stream", "an event that is not a JSON object")
                     if not hidden:
                         out.append(ev)
@@ -167,6 +176,8 @@ async def stream(send: Send, first: httpx.Response, url: str, rounds: Rounds) ->
                     out.append(ev)  # the provider's own end of the stream (overloaded mid-way): the client's
                     r.failed = True
                     continue
+                if hidden and kind.startswith("content_block_") and not _well_formed(kind, data, r.blocks):
+                    raise hidden_failure(200, b"", "text/event-stream", f"an ill-formed {kind} event")
                 if kind == "message_start":
                     message = data.get("message")
                     if isinstance(message, dict) and isinstance(message.get("usage"), dict):
@@ -214,6 +225,19 @@ async def stream(send: Send, first: httpx.Response, url: str, rounds: Rounds) ->
         yield _final_delta(r, rounds)
         yield r.stop
         return
+
+
+def _well_formed(kind: str, data: dict[str, Any], started: dict[int, _Block]) -> bool:
+    """A content block event whose parts have their documented types, of a block that was started (or starts
+    one): in a hidden round nothing else is passed to the client."""
+    idx = data.get("index")
+    if not isinstance(idx, int) or isinstance(idx, bool):
+        return False
+    if kind == "content_block_start":
+        return isinstance(data.get("content_block"), dict)
+    if idx not in started:
+        return False
+    return kind != "content_block_delta" or isinstance(data.get("delta"), dict)
 
 
 def _final_delta(r: _Round, rounds: Rounds) -> bytes:
