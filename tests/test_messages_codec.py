@@ -19,7 +19,7 @@ TOOLS = [{"name": "Bash", "description": "run", "input_schema": {"type": "object
 
 
 def body(messages, **extra):
-    return {"model": "claude-sonnet-4-5", "max_tokens": 256, "messages": messages, "tools": TOOLS, **extra}
+    return {"model": "claude-sonnet-4-6", "max_tokens": 256, "messages": messages, "tools": TOOLS, **extra}
 
 
 def raw(obj) -> bytes:

@@ -45,7 +45,7 @@ from proxy.store import open_store
 
 KEY = "sk-ant-faults"
 AUTH = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-4-6"
 HI = [{"role": "user", "content": "hi"}]
 TOOLS = [{"name": "Bash", "description": "Run a shell command.",
           "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
@@ -285,7 +285,7 @@ def sse_then(conn: socket.socket, body: bytes, how: str) -> None:
 
 def truncated_message(conn: socket.socket) -> None:
     read_request(conn)
-    part = b'{"model":"claude-sonnet-4-5","id":"msg_1","type":"message","role":"assistant","content":[{"type":"te'
+    part = b'{"model":"claude-sonnet-4-6","id":"msg_1","type":"message","role":"assistant","content":[{"type":"te'
     conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n" + part)
     time.sleep(0.05)
     conn.close()

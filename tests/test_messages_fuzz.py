@@ -30,7 +30,7 @@ KEY = "sk-ant-fuzz"
 AUTH = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
 ANTHROPIC_TYPES = {"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
                    "request_too_large", "rate_limit_error", "api_error", "overloaded_error"}
-OK_BODY = b'{"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}'
+OK_BODY = b'{"model": "claude-sonnet-4-6", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}'
 
 
 def anthropic_error(content: bytes, where: str) -> None:
@@ -194,7 +194,7 @@ ANY_FIELD = ["model", "max_tokens", "messages", *VALID_FIELDS]
 def messages_body(draw: Any) -> dict[str, Any]:
     """A body an agent could send, with its optional fields; then a few fields (often none) replaced by any
     JSON value or removed. (Weights by one_of repetition do not hold up against hypothesis's choices.)"""
-    body: dict[str, Any] = {"model": draw(st.sampled_from(["claude-sonnet-4-5", "claude-haiku-4-5", "m"])),
+    body: dict[str, Any] = {"model": draw(st.sampled_from(["claude-sonnet-4-6", "claude-haiku-4-5", "m"])),
                             "max_tokens": 256, "messages": draw(conversation())}
     for name in draw(st.lists(st.sampled_from(list(VALID_FIELDS)), max_size=4, unique=True)):
         body[name] = draw(VALID_FIELDS[name])
@@ -311,7 +311,11 @@ def test_huge_tool_results_and_texts_pass(fuzzed, stream):
                                                                        "name": "Bash", "input": {}}]},
                                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
                                                                   "content": content}]}]}))
-        assert r is not None and r.status_code == 200, r
+        assert r is not None
+        # 200, offloaded; or, when the store took longer than store_timeout to keep the text (a loaded machine),
+        # forwarded unmodified as designed, and then the mock's own answer to the whole body, relayed
+        assert r.status_code == 200 or r.headers.get("x-ctxproxy-degraded") == "store-unavailable", \
+            (r, r.headers.get("x-ctxproxy-degraded"), r.content[:300])
 
     prop()
 
