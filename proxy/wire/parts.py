@@ -35,3 +35,25 @@ def with_first_text(content: list[Any], text: str, types: frozenset[str] | None)
             continue
         out.append(p)
     return out
+
+
+def joined(content: Any, types: frozenset[str] | None) -> str | None:
+    """An item's text: a string content itself, or its text parts joined by newlines; None if it has none."""
+    if isinstance(content, str):
+        return content
+    found = texts(content, types)
+    return "\n".join(found) if found else None
+
+
+def first(content: Any, types: frozenset[str] | None) -> str:
+    """The first text of a content, where the proxy writes its own marks; "" if none."""
+    found = texts(content, types)
+    return found[0] if found else ""
+
+
+def with_text_at(item: dict[str, Any], field: str, text: str, types: frozenset[str] | None) -> dict[str, Any]:
+    """A copy of the item whose `field` content has `text` as its text (a string content is replaced whole)."""
+    value = item.get(field)
+    if not isinstance(value, list):
+        return {**item, field: text}
+    return {**item, field: with_first_text(value, text, types)}

@@ -20,7 +20,7 @@ from proxy.wire.chat.round_usage import summed_body, summed_stream
 from proxy.wire.chat.validate import check_messages, parse_body
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
 from proxy.wire.openai_body import OpenAIBody
-from proxy.wire.parts import texts, with_first_text
+from proxy.wire.parts import first, joined, with_text_at
 from proxy.wire.sse import account_stream
 
 if TYPE_CHECKING:
@@ -32,10 +32,6 @@ _ROLES: dict[Any, Role] = {"system": "system", "developer": "system", "user": "u
 ANTHROPIC_MARK = {"type": "ephemeral"}  # cache_control as Anthropic-compatible chat endpoints take it
 OPENAI_BREAKPOINT = {"type": "prompt_cache_breakpoint"}
 _OUTPUT_KEYS = ("max_completion_tokens", "max_tokens")
-
-
-def _texts(content: Any) -> list[str]:
-    return texts(content, None)  # any part with a text
 
 
 class ChatCompletions(OpenAIBody):
@@ -92,21 +88,13 @@ class ChatCompletions(OpenAIBody):
             return "other"
 
     def text(self, item: Item) -> str | None:
-        content = item.get("content")
-        if isinstance(content, str):
-            return content
-        texts = _texts(content)
-        return "\n".join(texts) if texts else None
+        return joined(item.get("content"), None)
 
     def first_text(self, item: Item) -> str:
-        texts = _texts(item.get("content"))
-        return texts[0] if texts else ""
+        return first(item.get("content"), None)
 
     def with_text(self, item: Item, text: str) -> Item:
-        content = item.get("content")
-        if not isinstance(content, list):
-            return {**item, "content": text}
-        return {**item, "content": with_first_text(content, text, None)}
+        return with_text_at(item, "content", text, None)
 
     def replaced(self, item: Item, text: str) -> Item:
         return {**item, "content": text}

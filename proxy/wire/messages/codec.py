@@ -25,7 +25,7 @@ from proxy.wire.messages import rounds as messages_rounds
 from proxy.wire.messages.items import ORIGINS, is_block, join, split
 from proxy.wire.messages.validate import parse_body
 from proxy.wire.openai_body import OpenAIBody
-from proxy.wire.parts import texts, with_first_text
+from proxy.wire.parts import first, joined, texts, with_text_at
 
 if TYPE_CHECKING:
     from proxy.store.archive import Archive
@@ -125,21 +125,13 @@ class Messages(OpenAIBody):
         return "assistant" if role == "assistant" else "system" if role == "system" else "user"
 
     def text(self, item: Item) -> str | None:
-        content = item.get("content")
-        if isinstance(content, str):
-            return content
-        texts = _texts(content)
-        return "\n".join(texts) if texts else None
+        return joined(item.get("content"), _TEXT)
 
     def first_text(self, item: Item) -> str:
-        texts = _texts(item.get("content"))
-        return texts[0] if texts else ""
+        return first(item.get("content"), _TEXT)
 
     def with_text(self, item: Item, text: str) -> Item:
-        content = item.get("content")
-        if not isinstance(content, list):
-            return {**item, "content": text}
-        return {**item, "content": with_first_text(content, text, _TEXT)}
+        return with_text_at(item, "content", text, _TEXT)
 
     def replaced(self, item: Item, text: str) -> Item:
         return {**item, "content": text}

@@ -19,7 +19,7 @@ import httpx
 from proxy.accounting.usage import Usage
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
 from proxy.wire.openai_body import OpenAIBody
-from proxy.wire.parts import texts, with_first_text
+from proxy.wire.parts import first, joined, texts, with_text_at
 from proxy.wire.responses import rounds as responses_rounds
 from proxy.wire.responses.validate import check_items, parse_body
 
@@ -125,26 +125,16 @@ class Responses(OpenAIBody):
 
     def text(self, item: Item) -> str | None:
         field = _text_field(item)
-        if field is None:
-            return None
-        value = item.get(field)
-        if isinstance(value, str):
-            return value
-        texts = _texts(value)
-        return "\n".join(texts) if texts else None
+        return joined(item.get(field), _TEXT_PARTS) if field else None
 
     def first_text(self, item: Item) -> str:
         field = _text_field(item)
-        texts = _texts(item.get(field)) if field else []
-        return texts[0] if texts else ""
+        return first(item.get(field), _TEXT_PARTS) if field else ""
 
     def with_text(self, item: Item, text: str) -> Item:
         field = _text_field(item)
         assert field is not None
-        value = item.get(field)
-        if not isinstance(value, list):
-            return {**item, field: text}
-        return {**item, field: with_first_text(value, text, _TEXT_PARTS)}
+        return with_text_at(item, field, text, _TEXT_PARTS)
 
     def replaced(self, item: Item, text: str) -> Item:
         field = _text_field(item)
