@@ -132,13 +132,28 @@ def named_text(message: dict[str, Any]) -> str:
     return "\n".join(p for p in parts if p)
 
 
+def _message_blocks(content: Any) -> list[str]:
+    """What Anthropic Messages blocks say beyond text: `tool_use` inputs (raw and decoded), `tool_result` contents."""
+    out: list[str] = []
+    for b in content if isinstance(content, list) else ():
+        if not isinstance(b, dict):
+            continue
+        if b.get("type") == "tool_use":
+            out += [json.dumps(b.get("input"), ensure_ascii=False), _decoded(json.dumps(b.get("input")))]
+        elif b.get("type") == "tool_result":
+            out.append(_content(b.get("content")))
+    return out
+
+
 def searchable_text(messages: Iterable[dict[str, Any]]) -> str:
-    """Everything a request's messages say, for presence checks (raw and decoded arguments)."""
+    """Everything a request's messages say, for presence checks (raw and decoded arguments), in chat's shape
+    or in Anthropic's (tool calls as `tool_use` blocks, results as `tool_result` blocks)."""
     parts = []
     for m in messages:
         if not isinstance(m, dict):
             continue
         parts.append(_content(m.get("content")))
+        parts += _message_blocks(m.get("content"))
         for call in m.get("tool_calls") or ():
             fn = call.get("function") if isinstance(call, dict) else None
             if isinstance(fn, dict):
