@@ -188,6 +188,11 @@ def _check_messages(messages: Any) -> None:
 
 def _check_tool_pairs(conversation: list[Turn]) -> None:
     """Each tool_result answers a tool_use of the turn before; each tool_use is answered in the next turn."""
+    for turn in conversation:  # the ids are strings, as the API's schema says (else a 400, never a 500)
+        for i, k, b in turn.blocks:
+            key = {"tool_use": "id", "tool_result": "tool_use_id"}.get(b.get("type"))
+            if key is not None and not isinstance(b.get(key), str):
+                raise _fail(f"messages.{i}.content.{k}.{key}", "Input should be a valid string")
     for t, turn in enumerate(conversation):
         before = conversation[t - 1] if t else None
         asked = {b["id"] for _, _, b in before.blocks if b.get("type") == "tool_use"} if before else set()

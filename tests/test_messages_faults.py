@@ -183,6 +183,7 @@ def test_a_failing_transform_on_count_tokens_counts_the_clients_bytes(proxy, ups
     assert r.status_code == 200, r.text
     assert upstream.requests[-1].body == raw
     assert r.json()["input_tokens"] > 4000  # the whole tool result was counted, not a placeholder
+    assert r.headers["x-ctxproxy-degraded"] == transform  # and the count says why it is the client's own
 
 
 # --------------------------------------------------------------------------- provider errors

@@ -539,3 +539,18 @@ def test_stream_respects_delays(client: anthropic.Anthropic, upstream: MockUpstr
             arrivals.append(time.perf_counter() - t0)
     assert arrivals[0] >= 0.1
     assert arrivals[-1] - arrivals[0] >= 0.03 * 8  # 10 events after the first: really streamed
+
+
+@pytest.mark.parametrize("bad", [["x"], {"a": 1}, 7, None])
+def test_a_tool_id_that_is_not_a_string_is_a_400(upstream, bad):
+    import httpx
+
+    for messages in ([{"role": "user", "content": "go"},
+                      {"role": "assistant", "content": [{"type": "tool_use", "id": bad, "name": "Bash", "input": {}}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}],
+                     [{"role": "user", "content": "go"},
+                      {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Bash", "input": {}}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": bad, "content": "x"}]}]):
+        r = httpx.post(upstream.base_url + "/messages", headers={"x-api-key": "k"},
+                       json={"model": "claude-x", "max_tokens": 8, "messages": messages})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text

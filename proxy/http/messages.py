@@ -19,6 +19,7 @@ from proxy.http.handler import handle
 from proxy.http.relay import error_response, query_of, relay_response
 from proxy.http.relay import read_body as read_request_body
 from proxy.http.request_run import RequestRun, context
+from proxy.rewrite.events import Degraded
 from proxy.rewrite.pipeline import run_pipeline
 from proxy.state import state_of
 from proxy.upstream.client import read_body, response_headers, upstream_url
@@ -64,6 +65,8 @@ async def count_tokens(request: Request) -> Response:
         run.finish({}, status=err.status, error=err.code)
         return error_response(err, run.headers, anthropic=True)
     run.headers["x-ctxproxy-count-tokens"] = ctx.route.count_tokens
+    for e in conv.kinds(Degraded):  # counted on the client's own request: say why, as on /v1/messages
+        run.headers["x-ctxproxy-degraded"] = e.header
     run.finish({}, status=resp.status_code, rewritten=conv.changed)
     return relay_response(content, resp.status_code, response_headers(resp.headers, decoded=True)
                           + list(run.headers.items()))
