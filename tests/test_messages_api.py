@@ -424,3 +424,12 @@ def test_a_summary_call_in_the_cached_shape_reads_the_agents_cache(upstream, tmp
     assert calls, "the session should have been compacted with a cached-shape summary"
     assert all(rq.body.count(b'"cache_control"') >= 1 for rq in calls)
     assert sum(rq.usage["cache_read_input_tokens"] for rq in calls) > 0
+
+
+def test_an_unusable_claude_code_session_header_is_ignored_not_refused(proxy, upstream):
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}]}
+    r = post(proxy, body, **{"x-claude-code-session-id": "x" * 500})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-ctxproxy-session"].startswith("s-")  # derived, as without the header
+    bad = post(proxy, body, **{"x-session-id": "x" * 500})  # the client's explicit X-Session-Id stays strict
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"

@@ -107,13 +107,20 @@ def tenant_id(api_key: str | None, salt: str) -> str:
     return hmac.new(salt.encode(), api_key.encode(), hashlib.sha256).hexdigest()[:24]
 
 
+def _valid_session(given: str) -> bool:
+    return bool(given) and len(given) <= _MAX_SESSION_ID and given.isprintable() and given.isascii()
+
+
 def session_id(headers: Mapping[str, str], tenant: str, route: Route, conv: Conversation) -> str:
-    given = headers.get(SESSION_HEADER) or headers.get(CLAUDE_CODE_SESSION_HEADER)
+    given = headers.get(SESSION_HEADER)
     if given is not None:
         given = given.strip()
-        if not given or len(given) > _MAX_SESSION_ID or not given.isprintable() or not given.isascii():
+        if not _valid_session(given):
             raise BadRequest(f"X-Session-Id must be 1-{_MAX_SESSION_ID} printable characters", param="X-Session-Id")
         return given
+    agent = headers.get(CLAUDE_CODE_SESSION_HEADER, "").strip()
+    if _valid_session(agent):  # an agent's own header: used when it is usable, never a reason to refuse
+        return agent
     h = hashlib.blake2b(digest_size=12)
     h.update(f"{tenant}\0{route.name}\0".encode())
     hint = conv.wire.session_hint(conv.body)
