@@ -433,3 +433,14 @@ def test_an_unusable_claude_code_session_header_is_ignored_not_refused(proxy, up
     assert r.headers["x-ctxproxy-session"].startswith("s-")  # derived, as without the header
     bad = post(proxy, body, **{"x-session-id": "x" * 500})  # the client's explicit X-Session-Id stays strict
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_models_passes_through_on_the_route_that_speaks_anthropic(upstream, tmp_path):
+    s = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/m.db", routes=[
+        {"name": "default", "upstream": {"base_url": upstream.base_url, "api": "openai"}},
+        {"name": "claude", "upstream": {"base_url": upstream.base_url, "api": "anthropic"}}])
+    with ProxyServer(s) as p:
+        r = httpx.get(p.url + "/v1/models", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"})
+        assert r.status_code == 200 and r.headers["x-ctxproxy-route"] == "claude"  # the Anthropic client's route
+        r = httpx.get(p.url + "/v1/models", headers={"authorization": f"Bearer {KEY}"})
+        assert r.status_code == 200 and r.headers["x-ctxproxy-route"] == "default"
