@@ -159,8 +159,7 @@ class Accountant:
         return Trace(raw=conv.digests(conv.client_messages), system=system, sent=digests, counts=conv.counts(sent),
                      tools=message_digest({"tools": tools}) if tools else b"",
                      tool_names=conv.wire.tool_names(tools),
-                     tool_tokens=default_counter.count_tools(tools, model)
-                     + (conv.facts.count(prefix) if prefix is not None else 0),
+                     tool_tokens=default_counter.count_tools(tools, model) + conv.prefix_tokens(),
                      compaction=compaction, prefix=conv.digest(prefix) if prefix is not None else b"")
 
     async def check(self, ctx: RequestContext, trace: Trace) -> PrefixCheck:

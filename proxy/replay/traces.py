@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from proxy.replay import traces_messages, traces_responses
+from proxy.replay.trace_text import NativeTraceError
 
 DEFAULT_MODEL = "gpt-4o"
 # A recorded model name worth sending on: "gpt-4o", "claude-sonnet-4-20250514", "google/gemini-3-pro-preview".
@@ -143,7 +144,7 @@ def _native(p: Path, data: dict[str, Any]) -> Trace:
                          "Messages requests")
     try:
         items, tools, instructions = traces_responses.check_native(data)
-    except traces_responses.NativeTraceError as e:
+    except NativeTraceError as e:
         raise TraceError(str(e)) from None
     meta = {k: v for k, v in data.items() if k not in ("items", "tools", "instructions")}
     return Trace(p.stem, str(p), [], tools, _model_of(data), meta, api="responses", items=items,
@@ -153,7 +154,7 @@ def _native(p: Path, data: dict[str, Any]) -> Trace:
 def _native_messages(p: Path, data: dict[str, Any]) -> Trace:
     try:
         items, tools, system, ends = traces_messages.check_native(data)
-    except traces_messages.NativeTraceError as e:
+    except NativeTraceError as e:
         raise TraceError(str(e)) from None
     meta = {k: v for k, v in data.items() if k not in ("items", "tools", "system")}
     return Trace(p.stem, str(p), [], tools, _model_of(data), meta, api="messages", items=items, ends=ends,

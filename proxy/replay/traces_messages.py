@@ -40,6 +40,8 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
+from proxy.replay.trace_text import NativeTraceError, content_text
+
 if TYPE_CHECKING:
     from proxy.replay.traces import Trace
 
@@ -49,28 +51,6 @@ _LEADING = frozenset({"system", "developer"})
 
 Block = dict[str, Any]
 Message = dict[str, Any]
-
-
-class NativeTraceError(Exception):
-    """A native Messages trace that cannot be replayed; one line."""
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for p in content:
-            if isinstance(p, dict) and isinstance(p.get("text"), str):
-                out.append(p["text"])
-            elif isinstance(p, str):
-                out.append(p)
-            else:
-                out.append(json.dumps(p, sort_keys=True))
-        return "\n".join(out)
-    return json.dumps(content, sort_keys=True)
 
 
 def _image(url: str) -> Block:
@@ -83,7 +63,7 @@ def _image(url: str) -> Block:
 def _blocks(content: Any) -> list[Block]:
     """Chat content as Messages blocks: text as text blocks (empty ones left out), images as image blocks."""
     if not isinstance(content, list):
-        text = _text(content)
+        text = content_text(content)
         return [{"type": "text", "text": text}] if text else []
     out: list[Block] = []
     for p in content:
@@ -92,7 +72,7 @@ def _blocks(content: Any) -> list[Block]:
             url = url.get("url")
         if isinstance(url, str):
             out.append(_image(url))
-        elif text := _text([p]):
+        elif text := content_text([p]):
             out.append({"type": "text", "text": text})
     return out
 
@@ -113,7 +93,7 @@ def tool_input(arguments: Any) -> dict[str, Any]:
 
 def _result(call_id: str, content: Any) -> Block:
     return {"type": "tool_result", "tool_use_id": call_id,
-            "content": content if isinstance(content, str) else (_blocks(content) or _text(content))}
+            "content": content if isinstance(content, str) else (_blocks(content) or content_text(content))}
 
 
 def _append(out: list[Message], role: str, blocks: list[Block]) -> None:
@@ -134,7 +114,7 @@ def convert_messages(messages: list[dict[str, Any]]) -> tuple[list[Block] | None
     lead = 0
     while lead < len(messages) and messages[lead].get("role") in _LEADING:
         lead += 1
-    system = [b for m in messages[:lead] for b in _blocks(_text(m.get("content")))] or None
+    system = [b for m in messages[:lead] for b in _blocks(content_text(m.get("content")))] or None
     out: list[Message] = []
     legacy: list[str] = []  # ids given to legacy `function_call`s, answered by `function` messages
     for i, m in enumerate(messages[lead:], lead):

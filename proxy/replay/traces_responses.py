@@ -23,33 +23,13 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
+from proxy.replay.trace_text import NativeTraceError, content_text
+
 if TYPE_CHECKING:
     from proxy.replay.traces import Trace
 
 _OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 _LEADING = frozenset({"system", "developer"})
-
-
-class NativeTraceError(Exception):
-    """A native trace that cannot be replayed; one line."""
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for p in content:
-            if isinstance(p, dict) and isinstance(p.get("text"), str):
-                out.append(p["text"])
-            elif isinstance(p, str):
-                out.append(p)
-            else:
-                out.append(json.dumps(p, sort_keys=True))
-        return "\n".join(out)
-    return json.dumps(content, sort_keys=True)
 
 
 def _parts(content: Any, kind: str) -> list[dict[str, Any]]:
@@ -63,9 +43,9 @@ def _parts(content: Any, kind: str) -> list[dict[str, Any]]:
             if isinstance(url, str) and kind == "input_text":
                 parts.append({"type": "input_image", "image_url": url, "detail": "auto"})
             else:
-                parts.append({"type": kind, "text": _text([p])})
+                parts.append({"type": kind, "text": content_text([p])})
         return parts
-    return [{"type": kind, "text": _text(content)}]
+    return [{"type": kind, "text": content_text(content)}]
 
 
 def convert_messages(messages: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]], list[int]]:
@@ -73,7 +53,7 @@ def convert_messages(messages: list[dict[str, Any]]) -> tuple[str | None, list[d
     lead = 0
     while lead < len(messages) and messages[lead].get("role") in _LEADING:
         lead += 1
-    instructions = "\n\n".join(_text(m.get("content")) for m in messages[:lead]) or None
+    instructions = "\n\n".join(content_text(m.get("content")) for m in messages[:lead]) or None
     items: list[dict[str, Any]] = []
     starts = [0] * lead
     legacy: list[str] = []  # call ids given to legacy `function_call`s, answered by `function` messages
@@ -98,10 +78,10 @@ def convert_messages(messages: list[dict[str, Any]]) -> tuple[str | None, list[d
                               "arguments": str(fc.get("arguments") or "")})
         elif role == "tool":
             items.append({"type": "function_call_output", "call_id": str(m.get("tool_call_id")),
-                          "output": _text(m.get("content"))})
+                          "output": content_text(m.get("content"))})
         elif role == "function":
             items.append({"type": "function_call_output", "call_id": legacy.pop(0) if legacy else f"call_{i}",
-                          "output": _text(m.get("content"))})
+                          "output": content_text(m.get("content"))})
         else:
             items.append({"type": "message", "role": str(role), "content": _parts(m.get("content"), "input_text")})
     starts.append(len(items))

@@ -26,7 +26,7 @@ from proxy.rewrite.compress.history import system_end
 from proxy.rewrite.events import CompactionInEffect
 from proxy.rewrite.settings import CacheHintsSettings, Peers
 from proxy.rewrite.status_bar.trajectory import is_status
-from proxy.wire.codec import BreakpointStyle
+from proxy.wire.codec import MARK_TTL_SECONDS, BreakpointStyle
 from proxy.wire.conversation import Conversation, RequestContext
 
 
@@ -49,7 +49,6 @@ def cache_fields(settings: CacheHintsSettings | None, conv: Conversation, ctx: R
     return out
 
 
-_TTL_SECONDS = {"5m": 300, "1h": 3600}
 MIN_CACHEABLE_TOKENS = 1024  # Anthropic's smallest cacheable prefix (more on some models): a mark before it is moot
 
 
@@ -84,11 +83,13 @@ class CacheHints:
 
     def _mark(self, conv: Conversation, style: BreakpointStyle) -> None:
         msgs, wire = conv.messages, conv.wire
+        if sum(conv.counts(msgs)) + conv.fixed_tokens() < MIN_CACHEABLE_TOKENS:
+            return  # a prompt too short for any provider to cache: a mark would change its bytes for nothing
         # the client's own marks: (item index, lifetime in seconds); -1 for those on tools and system
         client = [(-1, t) for t in wire.fixed_marks(conv.body)]
         for n, m in enumerate(msgs):
             if wire.has_breakpoint(m):
-                client += [(n, t) for t in wire.marks(m)] or [(n, 300)]
+                client += [(n, t) for t in wire.marks(m)] or [(n, MARK_TTL_SECONDS["5m"])]
         budget = self.settings.max_breakpoints - len(client)
         end = len(msgs) - 1
         if end >= 0 and is_status(wire, msgs[end]):
@@ -97,8 +98,6 @@ class CacheHints:
         kept = max((e.kept for e in conv.kinds(CompactionInEffect)), default=0)
         wanted = [i for i in (end, kept - 1, head - 1) if i >= 0]  # most valuable first
         out, unmarked = list(msgs), {}
-        if sum(conv.counts(msgs)) + conv.fixed_tokens() < MIN_CACHEABLE_TOKENS:
-            return  # a prompt too short for any provider to cache: a mark would change its bytes for nothing
         for i in dict.fromkeys(wanted):
             while i >= 0 and budget > 0:
                 if wire.has_breakpoint(out[i]):
@@ -120,9 +119,9 @@ class CacheHints:
         Anthropic refuses a longer-lived breakpoint after a shorter-lived one: ours
         lives no longer than any client mark before it and no shorter than any after.
         """
-        want = _TTL_SECONDS.get(self.settings.ttl or "", 300)
         if not client:
             return self.settings.ttl
+        want = MARK_TTL_SECONDS.get(self.settings.ttl or "5m", MARK_TTL_SECONDS["5m"])
         after = max((t for n, t in client if n > i), default=0)
-        got = min(max(want, after), min((t for n, t in client if n < i), default=3600))
-        return self.settings.ttl if got == want else "1h" if got == 3600 else "5m"
+        got = min(max(want, after), min((t for n, t in client if n < i), default=MARK_TTL_SECONDS["1h"]))
+        return self.settings.ttl if got == want else next(k for k, v in MARK_TTL_SECONDS.items() if v == got)

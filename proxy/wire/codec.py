@@ -35,6 +35,15 @@ Send = Callable[[bytes], Awaitable["httpx.Response"]]
 BreakpointStyle = Literal["anthropic", "openai"]
 
 
+MARK_TTL_SECONDS = {"5m": 300, "1h": 3600}  # Anthropic's breakpoint lifetimes; no `ttl` is 5 minutes
+
+
+def mark_ttl(marked: Any) -> int:
+    """The lifetime in seconds of the `cache_control` breakpoint on a block (or an item)."""
+    cc = marked.get("cache_control") if isinstance(marked, dict) else None
+    return MARK_TTL_SECONDS["1h"] if isinstance(cc, dict) and cc.get("ttl") == "1h" else MARK_TTL_SECONDS["5m"]
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """One tool call an assistant item makes: what the status bar, compaction and read-back need of it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from proxy import offloop
@@ -67,7 +68,6 @@ class Conversation:
     memo: RequestMemo | None = None  # what the session's previous request left (proxy/tokens/session_memo.py)
     facts: MessageFacts = field(init=False, repr=False)
     _style: JsonStyle | None = field(default=None, init=False, repr=False)
-    _prefix: tuple[dict[str, Any] | None] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.facts = MessageFacts(self.client_messages, self._model)
@@ -87,20 +87,21 @@ class Conversation:
         self.wire.set_tools(self.body, tools)
         self.changed = True
 
-    @property
+    @cached_property
     def prefix(self) -> dict[str, Any] | None:
         """The top-level fields before the items in the provider's prompt (Messages' `system`, Responses'
-        `instructions`) as one pseudo-item, for counting and hashing like one; None if there are none."""
-        if self._prefix is None:
-            fields = self.wire.prefix_fields(self.body)
-            self._prefix = ({"role": "system", "content": fields} if fields else None,)
-        return self._prefix[0]
+        `instructions`) as one pseudo-item, for counting and hashing like one; None if there are none.
+        No transform rewrites them, so it is read once."""
+        fields = self.wire.prefix_fields(self.body)
+        return {"role": "system", "content": fields} if fields else None
+
+    def prefix_tokens(self) -> int:
+        """Tokens of that top-level prompt (0 where the API has none)."""
+        return self.facts.count(self.prefix) if self.prefix is not None else 0
 
     def fixed_tokens(self) -> int:
         """Tokens every request of this body carries besides its items: tools, system prompt, reply priming."""
-        prefix = self.prefix
-        return REPLY_PRIMING_TOKENS + default_counter.count_tools(self.tools, self._model()) + (
-            self.facts.count(prefix) if prefix is not None else 0)
+        return REPLY_PRIMING_TOKENS + default_counter.count_tools(self.tools, self._model()) + self.prefix_tokens()
 
     def kinds(self, kind: type[Event]) -> list[Any]:
         """This request's events of one kind, in order."""

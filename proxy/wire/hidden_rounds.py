@@ -53,10 +53,11 @@ def _is_error_body(content: bytes) -> bool:
         return False
 
 
-async def read_answer(resp: httpx.Response, url: str, hidden: bool, field: str, kind: str
-                      ) -> tuple[bytes, dict[str, Any] | None]:
-    """A non-streamed answer's body, and its JSON when it is a 200 whose `field` is a list (else None: the
-    answer goes to the client as it came). In a hidden round anything else but a provider's error is refused."""
+async def read_answer(resp: httpx.Response, url: str, hidden: bool, field: str, kind: str,
+                      type_: str | None = None) -> tuple[bytes, dict[str, Any] | None]:
+    """A non-streamed answer's body, and its JSON when it is a 200 whose `field` is a list (and whose `type` is
+    `type_`, where the API names its objects so) - else None: the answer goes to the client as it came. In a
+    hidden round anything else but a provider's error is refused."""
     content = await read_body(resp, url)
     ctype = resp.headers.get("content-type", "")
     if resp.status_code != 200:
@@ -67,7 +68,8 @@ async def read_answer(resp: httpx.Response, url: str, hidden: bool, field: str, 
         data = orjson.loads(content)
     except orjson.JSONDecodeError:
         data = None
-    if not isinstance(data, dict) or not isinstance(data.get(field), list):
+    if not isinstance(data, dict) or not isinstance(data.get(field), list) \
+            or (type_ is not None and data.get("type") != type_):
         if hidden:
             raise hidden_failure(resp.status_code, content, ctype, f"not {kind}")
         return content, None

@@ -48,7 +48,7 @@ from proxy.rewrite.preview import read_call
 from proxy.rewrite.settings import CompressSettings, Peers
 from proxy.store.archive import SECONDS_PER_DAY, Archive, content_handle
 from proxy.store.lease import renewed
-from proxy.tokens.counter import default_counter
+from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
 from proxy.wire.codec import Codec, call_names
 from proxy.wire.conversation import Conversation, RequestContext
 
@@ -269,9 +269,8 @@ class Compress:
             return None
         tools = tools_as_sent(self.peers.context_read, conv.wire, conv.tools, has_placeholders(conv))
         instruction = default_counter.count_text(IN_PLACE_PROMPT, model)
-        prefix = conv.fixed_tokens() - default_counter.count_tools(conv.tools, model)  # system prompt, priming
-        if sum(view.counts[:t]) + default_counter.count_tools(tools, model) + instruction + prefix \
-                + summary_tokens(s, ctx.window) > ctx.window:
+        if sum(view.counts[:t]) + default_counter.count_tools(tools, model) + instruction + conv.prefix_tokens() \
+                + REPLY_PRIMING_TOKENS + summary_tokens(s, ctx.window) > ctx.window:
             return None
         extra = {**conv.wire.summary_fields(conv.body), **cache_fields(self.peers.cache_hints, conv, ctx)}
         limit = self.peers.cache_hints.max_breakpoints if self.peers.cache_hints else 4  # Anthropic's limit

@@ -18,7 +18,7 @@ from proxy.accounting.usage import Usage
 from proxy.wire.chat import rounds as chat_rounds
 from proxy.wire.chat.round_usage import summed_body, summed_stream
 from proxy.wire.chat.validate import check_messages, parse_body
-from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
+from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec, mark_ttl
 from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.parts import first, joined, with_text_at
 from proxy.wire.sse import account_stream
@@ -177,8 +177,7 @@ class ChatCompletions(OpenAIBody):
     def marks(self, item: Item) -> list[int]:
         content = item.get("content")
         parts = [item, *content] if isinstance(content, list) else [item]
-        return [3600 if (p["cache_control"] or {}).get("ttl") == "1h" else 300 for p in parts
-                if isinstance(p, dict) and isinstance(p.get("cache_control"), dict)]
+        return [mark_ttl(p) for p in parts if isinstance(p, dict) and isinstance(p.get("cache_control"), dict)]
 
     def has_breakpoint(self, item: Item) -> bool:
         content = item.get("content")

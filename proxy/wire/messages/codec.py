@@ -20,7 +20,7 @@ import httpx
 from proxy.accounting.usage import Usage
 from proxy.errors import ProxyError
 from proxy.wire import jsonio
-from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
+from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec, mark_ttl
 from proxy.wire.messages import rounds as messages_rounds
 from proxy.wire.messages.items import ORIGINS, is_block, join, split
 from proxy.wire.messages.validate import parse_body
@@ -47,12 +47,6 @@ def mark(ttl: str | None) -> dict[str, Any]:
 
 def _marked(value: Any) -> bool:
     return isinstance(value, dict) and "cache_control" in value
-
-
-def ttl_seconds(marked: dict[str, Any]) -> int:
-    """A breakpoint's cache lifetime: 1h if it says so, else the default 5 minutes."""
-    cc = marked.get("cache_control")
-    return 3600 if isinstance(cc, dict) and cc.get("ttl") == "1h" else 300
 
 
 def system_text(body: Body) -> str:
@@ -229,14 +223,14 @@ class Messages(OpenAIBody):
     def fixed_marks(self, body: Body) -> list[int]:
         """The client's own breakpoints outside the items: on tool definitions and system blocks."""
         system = body.get("system")
-        return [ttl_seconds(t) for t in body.get("tools") or () if _marked(t)] + (
-            [ttl_seconds(b) for b in system if _marked(b)] if isinstance(system, list) else [])
+        return [mark_ttl(t) for t in body.get("tools") or () if _marked(t)] + (
+            [mark_ttl(b) for b in system if _marked(b)] if isinstance(system, list) else [])
 
     def marks(self, item: Item) -> list[int]:
         if is_block(item):
-            return [ttl_seconds(item)] if _marked(item) else []
+            return [mark_ttl(item)] if _marked(item) else []
         content = item.get("content")
-        return [ttl_seconds(b) for b in content if _marked(b)] if isinstance(content, list) else []
+        return [mark_ttl(b) for b in content if _marked(b)] if isinstance(content, list) else []
 
     def has_breakpoint(self, item: Item) -> bool:
         if _marked(item):

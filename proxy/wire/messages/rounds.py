@@ -66,12 +66,7 @@ async def complete(send: Send, first: httpx.Response, url: str, rounds: Rounds) 
     resp = first
     while True:
         hidden = rounds.done > 0
-        content, data = await read_answer(resp, url, hidden, "content", "a message object")
-        if data is not None and data.get("type") != "message":  # a `content` list alone does not make a message
-            if hidden:
-                raise hidden_failure(resp.status_code, content, resp.headers.get("content-type", ""),
-                                     "not a message object")
-            return resp, content
+        content, data = await read_answer(resp, url, hidden, "content", "a message object", "message")
         if data is None:
             return resp, content
         blocks = data["content"]
