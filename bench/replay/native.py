@@ -24,8 +24,6 @@ request carries ``max_tokens`` and Claude Code's cache breakpoints
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ from bench.paths import ROOT
 from bench.replay import messages_items
 from bench.replay.responses_items import to_messages
 from bench.replay.settings import MODEL
+from bench.replay.traces import corpus_files
 
 SIBLING_NATIVE = os.path.join(os.path.dirname(ROOT), "shared", "traces-native")
 CALLS = ("function_call", "custom_tool_call")
@@ -104,15 +103,8 @@ def _is_user(item: dict[str, Any]) -> bool:
 
 def load_native(directory: str, select: Iterable[str] | None = None) -> list[NativeTrace]:
     """The Responses sessions of `directory` in file order; `select` keeps those whose id is listed."""
-    wanted = {s.strip().zfill(2) for s in select} if select else None
     out = []
-    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
-        name = os.path.basename(path)[:-5]
-        tid = name.split("_", 1)[0]
-        if wanted is not None and tid not in wanted:
-            continue
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+    for tid, name, data in corpus_files(directory, select):
         if data.get("api") != "responses":
             continue
         recorded = data.get("recorded") or {}
@@ -154,15 +146,8 @@ class NativeMessagesTrace:
 def load_native_messages(directory: str, select: Iterable[str] | None = None) -> list[NativeMessagesTrace]:
     """The Claude Code sessions (api: messages) of `directory` in file order; none is not an error (the
     corpus may hold only Codex sessions)."""
-    wanted = {s.strip().zfill(2) for s in select} if select else None
     out = []
-    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
-        name = os.path.basename(path)[:-5]
-        tid = name.split("_", 1)[0]
-        if wanted is not None and tid not in wanted:
-            continue
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+    for tid, name, data in corpus_files(directory, select):
         if data.get("api") != "messages":
             continue
         out.append(NativeMessagesTrace(tid, name, data["items"], data.get("tools") or None, data.get("system"),

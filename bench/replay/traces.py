@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,18 +38,28 @@ class Trace:
         return self.messages[:i]
 
 
-def load_traces(directory: str, select: Iterable[str] | None = None) -> list[Trace]:
-    """Trajectories in file order; `select` keeps those whose id (file-name prefix) is listed."""
-    wanted = {s.strip().zfill(2) for s in select} if select else None
-    out = []
+def selected(select: Iterable[str] | None) -> set[str] | None:
+    """The trace ids `--traces` names ("1,19" -> {"01", "19"}), or None for all."""
+    return {s.strip().zfill(2) for s in select} if select else None
+
+
+def corpus_files(directory: str, select: Iterable[str] | None = None) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(id, name, parsed JSON) of each trace file of `directory` in file order, the selected ones only."""
+    wanted = selected(select)
     for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
         name = os.path.basename(path)[:-5]
         tid = name.split("_", 1)[0]
         if wanted is not None and tid not in wanted:
             continue
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        out.append(Trace(tid, name, data["messages"], data.get("tools") or None))
+            yield tid, name, json.load(f)
+
+
+def load_traces(directory: str, select: Iterable[str] | None = None) -> list[Trace]:
+    """Trajectories in file order; `select` keeps those whose id (file-name prefix) is listed."""
+    wanted = selected(select)
+    out = [Trace(tid, name, data["messages"], data.get("tools") or None)
+           for tid, name, data in corpus_files(directory, select)]
     if wanted is not None and {t.id for t in out} != wanted:
         missing = sorted(wanted - {t.id for t in out})
         raise SystemExit(f"replay: no trajectory {', '.join(missing)} in {directory}")
