@@ -13,7 +13,7 @@ COPY pyproject.toml README.md config.yaml ./
 COPY proxy ./proxy
 # Same install step as CI's (`pip install .`), then verify and seed the shipped
 # encodings into TIKTOKEN_CACHE_DIR so the container never downloads them.
-RUN pip install --no-cache-dir . && python -m proxy.encodings \
+RUN pip install --no-cache-dir . && python -m proxy.tokens.encodings \
  && useradd --system --uid 10001 --home-dir /data ctxproxy \
  && mkdir -p /data && chown ctxproxy /data
 
