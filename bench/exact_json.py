@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import orjson
 
+from proxy.request import Conversation
 from proxy.wire.chat.codec import CHAT
-from proxy.wire.conversation import Conversation
 
 
 def body() -> bytes:

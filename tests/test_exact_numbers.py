@@ -9,9 +9,9 @@ import orjson
 import pytest
 from proxy_server import ProxyServer, make_settings
 
+from proxy.request import Conversation
 from proxy.wire import jsonio
 from proxy.wire.chat.codec import CHAT
-from proxy.wire.conversation import Conversation
 
 KEY = "sk-exact-numbers"
 SEED = 123456789012345678901234567890

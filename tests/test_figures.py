@@ -264,7 +264,7 @@ def test_alignment_accounts_for_every_message_once():
 
 
 def test_usage_of_several_calls_is_summed_in_the_providers_spelling():
-    from proxy.accounting.usage import parse_usage, summed
+    from proxy.wire.usage import parse_usage, summed
 
     openai = [{"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105,
                "prompt_tokens_details": {"cached_tokens": 64}, "completion_tokens_details": {"reasoning_tokens": 2}},

@@ -10,8 +10,8 @@ import pytest
 from proxy.config import build_settings
 from proxy.errors import BadRequest
 from proxy.http.routing import resolve_route
+from proxy.request import Conversation
 from proxy.upstream.windows import overflow_limit
-from proxy.wire.conversation import Conversation
 from proxy.wire.messages.codec import MESSAGES
 from proxy.wire.messages.items import ORIGINS
 

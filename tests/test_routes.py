@@ -9,8 +9,8 @@ from proxy_server import ProxyServer, make_settings
 
 from proxy.config import build_settings
 from proxy.http.routing import session_id, tenant_id
+from proxy.request import Conversation
 from proxy.wire.chat.codec import CHAT
-from proxy.wire.conversation import Conversation
 
 
 @pytest.fixture

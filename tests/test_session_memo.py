@@ -21,9 +21,9 @@ from proxy_server import ProxyServer, make_settings
 
 import proxy.rewrite.status_bar.transform as status_module
 from proxy.prefix import common_prefix
+from proxy.request import Conversation
 from proxy.tokens.session_memo import SessionMemo, scalar_leaves
 from proxy.wire.chat.codec import CHAT
-from proxy.wire.conversation import Conversation
 
 KEY = "sk-memo-a"
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}

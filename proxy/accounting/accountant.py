@@ -24,9 +24,9 @@ from proxy.accounting.figures import Figures, measure
 from proxy.accounting.ledger import Ledger
 from proxy.accounting.metrics import Metrics
 from proxy.accounting.prefix_check import PrefixCheck, Trace, compare, expiry_cause
-from proxy.accounting.usage import Usage, parse_usage
 from proxy.logs import event, log
 from proxy.lru import LRU
+from proxy.request import Conversation, RequestContext
 from proxy.rewrite.compress.history import system_end
 from proxy.rewrite.context_read.rate import HandleCounts, ReadBack, read_back
 from proxy.rewrite.events import Compacted, CompactionInEffect
@@ -34,7 +34,7 @@ from proxy.store import Store, StoreError
 from proxy.store.keys import session_key, tenant_key
 from proxy.tokens.counter import default_counter, message_digest
 from proxy.wire import jsonio
-from proxy.wire.conversation import Conversation, RequestContext
+from proxy.wire.usage import Usage, parse_usage
 
 if TYPE_CHECKING:
     from proxy.wire.codec import ReadRounds as Rounds

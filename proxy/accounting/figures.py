@@ -32,12 +32,12 @@ from typing import Any, Literal
 
 from proxy.accounting.prefix_check import Trace
 from proxy.prefix import common_prefix
+from proxy.request import Conversation
 from proxy.rewrite.events import Compacted, Degraded, Offloaded
 from proxy.rewrite.marks import PLACEHOLDER_MARK as _MARK
 from proxy.rewrite.marks import STATUS_OPEN, SUMMARY_OPEN, SYNTHETIC_RESULT
 from proxy.tokens.counter import default_counter
 from proxy.wire.codec import Codec, Item
-from proxy.wire.conversation import Conversation
 
 _HANDLE = re.compile(r'handle="(ctx_[0-9a-f]{20})"')
 # Kinds of messages the proxy writes, and the figure each is charged to.

@@ -24,9 +24,9 @@ from typing import Any
 
 from proxy.accounting.figures import Figures, client_tools, handle_in
 from proxy.accounting.prefix_check import Trace
+from proxy.request import Conversation
 from proxy.tokens.counter import default_counter, message_digest
 from proxy.wire.codec import Codec, Item
-from proxy.wire.conversation import Conversation
 
 DIGEST_HEX = 16  # hex characters of a message digest kept per message (64 bits)
 _ROLE_CODES = {"system": "s", "developer": "d", "user": "u", "assistant": "a", "tool": "t", "function": "f",

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from proxy.accounting.figures import Figures
 from proxy.accounting.prefix_check import PrefixCheck, Trace
 from proxy.accounting.report import event_headers
+from proxy.request import Conversation, RequestContext
 from proxy.wire.chat.round_usage import hidden_usage
-from proxy.wire.conversation import Conversation, RequestContext
 
 if TYPE_CHECKING:
     from proxy.accounting.accountant import Accountant, Outcome

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from proxy.accounting.figures import Figures
 from proxy.accounting.prefix_check import PrefixCheck
+from proxy.request import Conversation
 from proxy.rewrite.events import CompactionInEffect, Degraded, HistoryElsewhere, StatusAdded
-from proxy.wire.conversation import Conversation
 
 
 def event_fields(conv: Conversation) -> dict[str, object]:

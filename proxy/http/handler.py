@@ -16,7 +16,6 @@ from starlette.responses import Response
 from proxy.accounting.accountant import Outcome, usage_from_events
 from proxy.accounting.ledger import Ledger
 from proxy.accounting.report import event_fields
-from proxy.accounting.usage import Usage
 from proxy.errors import ProxyError
 from proxy.http.relay import error_response, relay_response, relay_stream
 from proxy.http.request_run import RequestRun, StreamEnd, context, parse, stream_events
@@ -26,6 +25,7 @@ from proxy.state import state_of
 from proxy.store.archive import Archive
 from proxy.upstream.client import iter_raw, read_body, response_headers
 from proxy.wire.codec import Codec
+from proxy.wire.usage import Usage
 
 SSE = "text/event-stream"
 

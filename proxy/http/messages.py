@@ -19,12 +19,12 @@ from proxy.http.handler import handle
 from proxy.http.relay import error_response, query_of, relay_response
 from proxy.http.relay import read_body as read_request_body
 from proxy.http.request_run import RequestRun, context
+from proxy.request import Conversation
 from proxy.rewrite.events import Degraded
 from proxy.rewrite.pipeline import run_pipeline
 from proxy.state import state_of
 from proxy.upstream.client import read_body, response_headers, upstream_url
 from proxy.wire.codec import Body
-from proxy.wire.conversation import Conversation
 from proxy.wire.messages.codec import MESSAGES, Messages
 
 COUNT_PATH = "messages/count_tokens"

@@ -22,11 +22,11 @@ from proxy.http.relay import error_response, read_body
 from proxy.http.routing import api_key_of, resolve_route, session_id, tenant_id
 from proxy.logs import event
 from proxy.logs import log as logger
+from proxy.request import Conversation, RequestContext
 from proxy.state import ProxyState
 from proxy.upstream.client import request_headers
 from proxy.upstream.windows import context_window
 from proxy.wire.codec import Codec
-from proxy.wire.conversation import Conversation, RequestContext
 from proxy.wire.sse import StreamCutShort
 
 

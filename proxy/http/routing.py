@@ -16,7 +16,7 @@ from typing import Literal
 
 from proxy.config import DEFAULT_ROUTE, Route, Settings
 from proxy.errors import BadRequest, NotFound
-from proxy.wire.conversation import Conversation
+from proxy.request import Conversation
 
 ROUTE_HEADER = "x-ctx-route"
 SESSION_HEADER = "x-session-id"

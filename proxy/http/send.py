@@ -19,12 +19,12 @@ from proxy.accounting.figures import carry_events
 from proxy.http.relay import query_of
 from proxy.http.request_run import RequestRun
 from proxy.logs import event
+from proxy.request import Conversation, RequestContext
 from proxy.rewrite.pipeline import run_pipeline
 from proxy.state import ProxyState
 from proxy.upstream.client import read_body, upstream_url
 from proxy.upstream.windows import overflow_limit
 from proxy.wire.codec import Send
-from proxy.wire.conversation import Conversation, RequestContext
 
 
 @dataclass

@@ -23,11 +23,11 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.accounting.usage import parse_usage
 from proxy.replay.proxy_setup import proxy_settings, quiet_logs
 from proxy.replay.simulator import SimRecord, Simulator, ThreadedServer
 from proxy.replay.traces import Trace
 from proxy.tokens.counter import default_counter
+from proxy.wire.usage import parse_usage
 
 SIMULATED_KEY = "sk-ctxproxy-simulated"  # the Authorization the replay sends to the simulator (no real key)
 CACHED_PRICE = 0.1  # a cached prompt token costs about a tenth of an uncached one

@@ -22,12 +22,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
+from proxy.request import Conversation, RequestContext
 from proxy.rewrite.compress.history import system_end
 from proxy.rewrite.events import CompactionInEffect
 from proxy.rewrite.settings import CacheHintsSettings, Peers
 from proxy.rewrite.status_bar.trajectory import is_status
 from proxy.wire.codec import MARK_TTL_SECONDS, BreakpointStyle
-from proxy.wire.conversation import Conversation, RequestContext
 
 
 def cache_fields(settings: CacheHintsSettings | None, conv: Conversation, ctx: RequestContext) -> dict[str, Any]:

@@ -10,8 +10,8 @@ transform's name), the `ctxproxy_degraded_requests` metric, and a log line.
 from __future__ import annotations
 
 from proxy.logs import event, log
+from proxy.request import Conversation, RequestContext
 from proxy.rewrite.events import Degraded
-from proxy.wire.conversation import Conversation, RequestContext
 
 STORE_DOWN = "store-unavailable"
 

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from proxy import offloop
 from proxy.lru import LRU
+from proxy.request import Conversation, RequestContext
 from proxy.rewrite.context_read.tool import read_tool_name
 from proxy.rewrite.events import Offloaded
 from proxy.rewrite.preview import PreviewShape, build_placeholder, error_matcher
@@ -33,7 +34,6 @@ from proxy.rewrite.settings import MIN_THRESHOLD_TOKENS, OffloadSettings, Peers
 from proxy.store.archive import Archive, content_handle
 from proxy.tokens.counter import default_counter, is_estimated
 from proxy.wire.codec import Codec, Item, add_call_names, call_names
-from proxy.wire.conversation import Conversation, RequestContext
 
 # Texts under MIN_THRESHOLD_TOKENS UTF-8 bytes (so tokens) can never have been offloaded: not even looked up.
 DECISION_KIND = "offload"

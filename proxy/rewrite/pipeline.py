@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Protocol
 from pydantic import BaseModel
 
 from proxy.config import Route
+from proxy.request import Conversation, RequestContext
 from proxy.rewrite.cache_hints import CacheHints
 from proxy.rewrite.compress.transform import Compress
 from proxy.rewrite.context_read.transform import ContextRead
@@ -32,7 +33,6 @@ from proxy.rewrite.settings import Peers
 from proxy.rewrite.status_bar.transform import StatusBar
 from proxy.store import StoreError
 from proxy.store.guarded import backing_off
-from proxy.wire.conversation import Conversation, RequestContext
 
 
 class Transform(Protocol):

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy.rewrite.preview import error_matcher
-from proxy.rewrite.status_bar.trajectory import DEFAULT_ERROR_PATTERN, TodoShape
+from proxy.rewrite.status_bar.shapes import DEFAULT_ERROR_PATTERN, TodoShape
 
 MIN_THRESHOLD_TOKENS = 256  # the smallest offload threshold allowed (texts under it are never looked up)
 DEFAULT_FACTS = ("What is the task, with its constraints?", "Which files were read, created or changed, and how?",

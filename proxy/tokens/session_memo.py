@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from proxy.prefix import common_prefix
 
 if TYPE_CHECKING:
-    from proxy.wire.conversation import Conversation
+    from proxy.request import Conversation
 
 MEMO_BYTES = 16 * 1024 * 1024  # raw request bytes of the snapshots kept in process, all sessions together
 CHECKPOINTS = 2  # fold states kept per fact: after the last message and after the one before (a retried turn)

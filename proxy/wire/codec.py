@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 if TYPE_CHECKING:
     import httpx
 
-    from proxy.accounting.usage import Usage
     from proxy.errors import ProxyError
+    from proxy.request import Conversation, ReadTool
     from proxy.store.archive import Archive
-    from proxy.wire.conversation import Conversation, ReadTool
+    from proxy.wire.usage import Usage
 
 Item = Any  # one element of the conversation, in its API's own shape; only a codec looks inside
 Body = dict[str, Any]  # a parsed request body

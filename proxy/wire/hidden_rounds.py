@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.accounting.usage import Usage, summed
+from proxy.request import Conversation, ReadTool
 from proxy.store.archive import Archive
 from proxy.upstream.client import read_body
 from proxy.wire.chat.reply import hidden_failure, provider_error
-from proxy.wire.conversation import Conversation, ReadTool
+from proxy.wire.usage import Usage, summed
 
 
 class HiddenRounds:

@@ -10,9 +10,9 @@ from typing import Any, ClassVar, Literal
 
 import orjson
 
-from proxy.accounting.usage import Usage, usage_of_body
 from proxy.errors import ProxyError
 from proxy.wire.codec import Body
+from proxy.wire.usage import Usage, usage_of_body
 
 
 class OpenAIBody:

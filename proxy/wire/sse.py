@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from proxy.accounting.usage import Usage, parse_usage
+from proxy.wire.usage import Usage, parse_usage
 
 DONE = b"[DONE]"
 _FINISHED = re.compile(rb'"finish_reason":\s*"|"type":\s*"response\.completed"')

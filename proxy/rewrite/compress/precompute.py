@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from proxy.logs import event
 from proxy.lru import LRU
+from proxy.request import Conversation, RequestContext
 from proxy.rewrite.compress.history import chain, head_end, tail_start
 from proxy.rewrite.compress.record import CompactionLog, View
 from proxy.rewrite.compress.summarizer import SummarizerError, SummaryRejected
@@ -31,7 +32,6 @@ from proxy.store import StoreError
 from proxy.store.archive import SECONDS_PER_DAY, Archive
 from proxy.store.lease import renewed
 from proxy.wire.codec import Codec
-from proxy.wire.conversation import Conversation, RequestContext
 
 if TYPE_CHECKING:
     from proxy.rewrite.compress.transform import Compress

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from proxy.logs import event
 from proxy.lru import LRU
+from proxy.request import Conversation, RequestContext
 from proxy.rewrite.cache_hints import cache_fields
 from proxy.rewrite.compress.history import Message, chain, head_end, identifiers, repair_pairing, tail_start, text_of
 from proxy.rewrite.compress.precompute import Precomputer
@@ -50,7 +51,6 @@ from proxy.store.archive import SECONDS_PER_DAY, Archive, content_handle
 from proxy.store.lease import renewed
 from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
 from proxy.wire.codec import Codec, call_names
-from proxy.wire.conversation import Conversation, RequestContext
 
 _LOCK_POLL = 0.1  # seconds between checks while another request of the session compacts
 # The session's compaction lock has a short lease, renewed while its holder works

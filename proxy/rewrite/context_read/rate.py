@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.accounting.usage import Usage
 from proxy.lru import LRU
+from proxy.request import Conversation
 from proxy.store import Store
 from proxy.store.keys import tenant_key
-from proxy.wire.conversation import Conversation
+from proxy.wire.usage import Usage
 
 if TYPE_CHECKING:
     from proxy.wire.codec import ReadRounds as Rounds

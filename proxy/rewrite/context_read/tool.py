@@ -30,7 +30,7 @@ from proxy.store.archive import Archive
 from proxy.wire.codec import Codec, ToolSpec
 
 if TYPE_CHECKING:
-    from proxy.wire.conversation import Conversation
+    from proxy.request import Conversation
 
 TOOL_NAME = "context_read"
 _ALTERNATE_NAMES = ("ctxproxy_context_read", "ctxproxy_read_stored")

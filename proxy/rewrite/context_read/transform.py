@@ -13,11 +13,11 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
+from proxy.request import Conversation, ReadTool, RequestContext
 from proxy.rewrite.context_read.tool import tool_name_for, tool_spec
 from proxy.rewrite.events import PLACEHOLDER_EVENTS
 from proxy.rewrite.settings import ContextReadSettings, Peers
 from proxy.wire.codec import Codec
-from proxy.wire.conversation import Conversation, ReadTool, RequestContext
 
 
 class ContextRead:

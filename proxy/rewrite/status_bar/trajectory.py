@@ -16,25 +16,11 @@ from dataclasses import dataclass, field, replace
 import orjson
 
 from proxy.rewrite.marks import STATUS_OPEN
+from proxy.rewrite.status_bar.shapes import TodoShape
 from proxy.wire.codec import Codec, Item
 
 # Enough of a result's start and end to see a failure; a 800k-char log is not scanned whole.
 _SCAN_CHARS = 4000
-DEFAULT_ERROR_PATTERN = (r"(?im)^(?:error|fatal|exception)\b|traceback \(most recent call last\)|\bcommand not found\b"
-                         r"|\bno such file or directory\b|\bpermission denied\b|\bexit (?:code|status):? *[1-9]"
-                         r"|\b(?:\w+error|\w+exception):|\bsegmentation fault\b|\bfailed\b")
-
-
-@dataclass(frozen=True)
-class TodoShape:
-    """How a client's todo tool looks: tool names, the list argument, the status field and its done values."""
-
-    tools: tuple[str, ...] = ("todo_write", "TodoWrite", "write_todos", "update_todos", "todowrite")
-    list_arg: str = "todos"
-    status_field: str = "status"
-    done_values: tuple[str, ...] = ("completed", "done", "complete")
-
-
 @dataclass
 class Trajectory:
     turns: int = 0

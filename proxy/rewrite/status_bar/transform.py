@@ -23,6 +23,7 @@ import orjson
 from pydantic import BaseModel
 
 from proxy.lru import LRU
+from proxy.request import Conversation, RequestContext
 from proxy.rewrite.events import CompactionInEffect, Offloaded, StatusAdded, StatusSkipped
 from proxy.rewrite.marks import STATUS_OPEN
 from proxy.rewrite.settings import Peers, StatusBarSettings
@@ -36,7 +37,6 @@ from proxy.rewrite.status_bar.trajectory import (
 from proxy.store.keys import session_key
 from proxy.tokens.counter import default_counter
 from proxy.tokens.session_memo import RequestMemo, without
-from proxy.wire.conversation import Conversation, RequestContext
 
 _SESSIONS_CACHED = 1_000  # sessions whose recorded statuses are kept in process
 _ERRORS_CACHED = 20_000  # tool results whose error look is remembered, by digest

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import httpx
 
-from proxy.accounting.usage import Usage
 from proxy.wire.chat import rounds as chat_rounds
 from proxy.wire.chat.round_usage import summed_body, summed_stream
 from proxy.wire.chat.validate import check_messages, parse_body
@@ -22,10 +21,11 @@ from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, 
 from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.parts import first, joined, with_text_at
 from proxy.wire.sse import account_stream
+from proxy.wire.usage import Usage
 
 if TYPE_CHECKING:
+    from proxy.request import Conversation, ReadTool
     from proxy.store.archive import Archive
-    from proxy.wire.conversation import Conversation, ReadTool
 
 _ROLES: dict[Any, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                            "tool": "tool", "function": "tool"}

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.accounting.usage import Usage, summed
 from proxy.wire.sse import event_data, is_usage_chunk
+from proxy.wire.usage import Usage, summed
 
 if TYPE_CHECKING:
     from proxy.wire.codec import ReadRounds as Rounds

@@ -24,14 +24,14 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.accounting.usage import Usage, parse_usage, usage_of_body
+from proxy.request import Conversation, ReadTool
 from proxy.rewrite.context_read.tool import answer
 from proxy.store.archive import Archive
 from proxy.upstream.client import iter_raw, read_body
 from proxy.wire.chat import reply as shape
 from proxy.wire.chat.reply import IllFormed, hidden_failure
-from proxy.wire.conversation import Conversation, ReadTool
 from proxy.wire.sse import DONE, event_data, event_payload, is_usage_chunk, split_events
+from proxy.wire.usage import Usage, parse_usage, usage_of_body
 
 Send = Callable[[bytes], Awaitable[httpx.Response]]
 

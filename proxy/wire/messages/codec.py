@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import httpx
 
-from proxy.accounting.usage import Usage
 from proxy.errors import ProxyError
 from proxy.wire import jsonio
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec, mark_ttl
@@ -26,10 +25,11 @@ from proxy.wire.messages.items import ORIGINS, is_block, join, split
 from proxy.wire.messages.validate import parse_body
 from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.parts import first, joined, texts, with_text_at
+from proxy.wire.usage import Usage
 
 if TYPE_CHECKING:
+    from proxy.request import Conversation, ReadTool
     from proxy.store.archive import Archive
-    from proxy.wire.conversation import Conversation, ReadTool
 
 _UNMARKABLE = frozenset({"thinking", "redacted_thinking"})  # the API refuses cache_control on these
 

@@ -24,7 +24,6 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.accounting.usage import Usage, parse_usage, usage_of_body
 from proxy.rewrite.context_read.tool import answer
 from proxy.upstream.client import iter_raw, read_body
 from proxy.wire import jsonio
@@ -32,6 +31,7 @@ from proxy.wire.chat.reply import hidden_failure
 from proxy.wire.codec import Send
 from proxy.wire.hidden_rounds import HiddenRounds, read_answer
 from proxy.wire.sse import StreamCutShort, event_data, event_payload, passed_events, split_events
+from proxy.wire.usage import Usage, parse_usage, usage_of_body
 
 
 class Rounds(HiddenRounds):

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import httpx
 
-from proxy.accounting.usage import Usage
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
 from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.parts import first, joined, texts, with_text_at
 from proxy.wire.responses import rounds as responses_rounds
 from proxy.wire.responses.validate import check_items, parse_body
+from proxy.wire.usage import Usage
 
 if TYPE_CHECKING:
+    from proxy.request import Conversation, ReadTool
     from proxy.store.archive import Archive
-    from proxy.wire.conversation import Conversation, ReadTool
 
 _MESSAGE_ROLES: dict[Any, Role] = {"system": "system", "developer": "system", "user": "user",
                                    "assistant": "assistant"}

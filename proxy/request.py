@@ -1,4 +1,6 @@
-"""A request in transit, API-neutral: the client's raw bytes, the parsed body, its codec, what was done to it.
+"""What one request carries through the stages: its context, and the conversation in transit.
+
+The conversation is API-neutral: the client's raw bytes, the parsed body, its codec, what was done to it.
 
 Byte preservation is the default: until a transform marks the conversation
 changed, `to_bytes()` returns exactly the bytes the client sent. The items
