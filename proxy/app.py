@@ -12,12 +12,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.config import Settings, load_settings
-from proxy.errors import NotFound, ProxyError, anthropic_error_body, error_body
+from proxy.errors import BadRequest, NotFound, ProxyError
 from proxy.http import ctx_api
 from proxy.http.chat import chat_completions
 from proxy.http.messages import count_tokens, messages
 from proxy.http.passthrough import passthrough
-from proxy.http.relay import JSON, error_response, speaks_anthropic
+from proxy.http.relay import client_codec, error_response
 from proxy.http.responses import responses, responses_websocket
 from proxy.logs import log
 from proxy.state import ProxyState, state_of
@@ -92,20 +92,19 @@ async def readyz(request: Request) -> Response:
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProxyError)
-    return error_response(exc, anthropic=speaks_anthropic(request))
+    return error_response(exc, client_codec(request))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
         return error_response(NotFound(f"no such endpoint: {request.method} {request.url.path}"),
-                              anthropic=speaks_anthropic(request))
-    code = "method_not_allowed" if exc.status_code == 405 else "http_error"
-    body = anthropic_error_body(str(exc.detail), exc.status_code) if speaks_anthropic(request) \
-        else error_body(str(exc.detail), "invalid_request_error", code)
-    return Response(body, status_code=exc.status_code, media_type=JSON)
+                              client_codec(request))
+    err = BadRequest(str(exc.detail), code="method_not_allowed" if exc.status_code == 405 else "http_error")
+    err.status = exc.status_code
+    return error_response(err, client_codec(request))
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     log.error("unexpected error", exc_info=exc, extra={"fields": {"path": request.url.path}})
-    return error_response(ProxyError("internal proxy error; see the proxy log"), anthropic=speaks_anthropic(request))
+    return error_response(ProxyError("internal proxy error; see the proxy log"), client_codec(request))

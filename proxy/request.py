@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy import offloop
 from proxy.config import Route
@@ -24,6 +24,7 @@ from proxy.tokens.message_facts import MessageFacts, chars_of
 from proxy.upstream.client import Upstream
 from proxy.wire.codec import Codec, Item
 from proxy.wire.jsonio import JsonStyle
+from proxy.wire.usage import Usage
 
 if TYPE_CHECKING:
     from proxy.rewrite.events import Event
@@ -44,6 +45,14 @@ class RequestContext:
     upstream: Upstream  # for the proxy's own calls (summaries), on the route's upstream
     upstream_headers: list[tuple[str, str]]  # the client's headers as sent upstream (auth included)
     archive_quota: int | None = None  # bytes of stored text the tenant may keep (settings.store_quota_bytes)
+
+
+class ReadRounds(Protocol):
+    """The hidden read-back rounds of one request, as accounting sees them (proxy/rewrite/context_read/loop.py)."""
+
+    done: int  # rounds the proxy answered
+    messages: list[Item]  # the items as they grew: the client's, then each round's calls and answers
+    usages: list[Usage]  # each hidden call's usage, as reported
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,7 @@ class Conversation:
     unmarked: dict[int, Item] = field(default_factory=dict)  # sent items before cache markers were added
     status_anchor: StatusAnchor | None = None  # the status bar's: where its earlier statuses stood
     memo: RequestMemo | None = None  # what the session's previous request left (proxy/tokens/session_memo.py)
+    usage_hidden: bool = False  # the proxy asked the stream for usage the client did not ask for
     facts: MessageFacts = field(init=False, repr=False)
     _style: JsonStyle | None = field(default=None, init=False, repr=False)
 

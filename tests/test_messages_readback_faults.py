@@ -3,7 +3,7 @@
 tests/test_readback_faults.py for Anthropic's Messages API: a request with a
 big tool result gets it offloaded behind a handle, and the proxy's
 `context_read` tool; when the model calls that tool with the handle, the
-proxy answers in a round the client never sees (proxy/wire/messages/rounds.py).
+proxy answers in a round the client never sees (proxy/rewrite/context_read/loop.py).
 A first answer the loop cannot read is relayed exactly as the provider sent
 it; an unusable answer to a hidden round becomes one Anthropic-shaped error
 (`{"type": "error", "error": {...}}`, in a stream one `event: error`), never
@@ -357,7 +357,7 @@ def test_a_proxy_bug_in_a_hidden_round_is_one_anthropic_error(proxy, upstream, h
     async def broken(*args: Any) -> str:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("proxy.wire.messages.rounds.answer", broken)
+    monkeypatch.setattr("proxy.rewrite.context_read.loop.answer", broken)
     upstream.fail_next(200, *first_read(handle, stream))
     r = send(proxy, stream)
     if stream:

@@ -1,7 +1,7 @@
 """The hidden read-back loop survives whatever the provider answers.
 
 A request with tools gets the proxy's `context_read` tool, so every reply to it
-goes through the loop that looks for calls to that tool (proxy/wire/chat/rounds.py).
+goes through the loop that looks for calls to that tool (proxy/rewrite/context_read/loop.py).
 A reply of any other shape than the documented one is relayed exactly as the
 provider sent it; the reply to a round the client never saw, when it is
 unusable, becomes one clean OpenAI-shaped error - never the provider's raw
@@ -283,7 +283,7 @@ def test_a_proxy_bug_mid_stream_still_ends_the_stream_with_an_error_event(proxy,
     async def broken(*args: Any) -> str:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("proxy.wire.chat.rounds.answer", broken)
+    monkeypatch.setattr("proxy.rewrite.context_read.loop.answer", broken)
     upstream.fail_next(200, READ_STREAM, SSE)
     r = chat(proxy, stream=True)
     assert r.status_code == 200

@@ -37,7 +37,7 @@ from proxy.wire import jsonio
 from proxy.wire.usage import Usage, parse_usage
 
 if TYPE_CHECKING:
-    from proxy.wire.codec import ReadRounds as Rounds
+    from proxy.request import ReadRounds as Rounds
 
 HOUR = 3600
 TIMELINE_MAX = 500  # requests kept per session timeline

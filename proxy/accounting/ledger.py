@@ -11,17 +11,17 @@ inspector, metrics) and returns the log line's fields.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from proxy.accounting.figures import Figures
 from proxy.accounting.prefix_check import PrefixCheck, Trace
 from proxy.accounting.report import event_headers
-from proxy.request import Conversation, RequestContext
-from proxy.wire.chat.round_usage import hidden_usage
+from proxy.request import Conversation, ReadRounds, RequestContext
+from proxy.wire.usage import Usage
 
 if TYPE_CHECKING:
     from proxy.accounting.accountant import Accountant, Outcome
-    from proxy.wire.codec import ReadRounds as Rounds
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Ledger:
     figures: Figures
     check: PrefixCheck
     outcome: Outcome
-    rounds: Rounds | None = None
+    rounds: ReadRounds | None = None
     closed: dict[str, Any] | None = field(default=None, repr=False)
 
     def headers(self) -> dict[str, str]:
@@ -53,3 +53,8 @@ class Ledger:
             fields = {"read_rounds": self.rounds.done, **fields}
         self.closed = fields
         return fields
+
+
+def hidden_usage(rounds: ReadRounds | None) -> Usage | None:
+    """What the hidden rounds alone were billed (for a turn whose last call failed)."""
+    return reduce(Usage.__add__, rounds.usages) if rounds is not None and rounds.usages else None

@@ -1,6 +1,6 @@
-"""The request path of every API with a codec (chat, responses), top to bottom.
+"""The request path of every API with a codec (chat, responses, messages), top to bottom.
 
-parse → route/session → rewrite → send (overflow retry) → hidden rounds → relay → account.
+parse → route/session → shape → send (overflow retry) → read-back loop → relay → account.
 Each step is a call into its own module; `handle` only sequences them. The
 accountant is asked once per request (`open`), and its ledger closed once.
 """
@@ -20,9 +20,9 @@ from proxy.errors import ProxyError
 from proxy.http.relay import error_response, relay_response, relay_stream
 from proxy.http.request_run import RequestRun, StreamEnd, context, parse, stream_events
 from proxy.http.send import Sent, send_upstream
-from proxy.rewrite.pipeline import run_pipeline
+from proxy.rewrite.context_read.loop import ReadLoop
+from proxy.rewrite.pipeline import response_loop, shape
 from proxy.state import state_of
-from proxy.store.archive import Archive
 from proxy.upstream.client import iter_raw, read_body, response_headers
 from proxy.wire.codec import Codec
 from proxy.wire.usage import Usage
@@ -35,8 +35,7 @@ async def handle(request: Request, wire: Codec) -> Response:
     try:
         conv = await parse(st, request, wire)
         ctx = await context(st, request, conv, run)
-        conv = await run_pipeline(st.pipelines[ctx.route.name], conv, ctx)
-        hide_usage = wire.ask_for_usage(conv)
+        conv = await shape(st.pipelines[ctx.route.name], conv, ctx)
         sent = await send_upstream(st, request, conv, ctx, run)
     except ProxyError as err:
         return await run.failed(st, err)
@@ -47,17 +46,17 @@ async def handle(request: Request, wire: Codec) -> Response:
     run.headers.update(ledger.headers())
     run.log.update(rewritten=sent.conv.changed, overhead_ms=round(outcome.overhead_s * 1000, 3),
                    upstream_headers_ms=round(outcome.upstream_s * 1000, 3), **event_fields(sent.conv))
-    if sent.conv.read_tool is not None:
-        ledger.rounds = wire.read_rounds(sent.conv, sent.conv.read_tool, Archive(st.store, sent.ctx.tenant))
+    loop = response_loop(st.pipelines[sent.ctx.route.name], sent.conv, sent.ctx, sent.send, sent.url)
+    ledger.rounds = loop
     if sent.resp.headers.get("content-type", "").startswith(SSE):
-        return _streamed(sent, ledger, run, wire, hide_usage)
-    return await _whole(sent, ledger, run, wire)
+        return _streamed(sent, ledger, run, wire, loop)
+    return await _whole(sent, ledger, run, wire, loop)
 
 
-def _streamed(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, hide_usage: bool) -> Response:
+def _streamed(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop: ReadLoop | None) -> Response:
     """Relayed chunk by chunk as it arrives; however the stream ends, the ledger is closed once with how."""
-    rounds, resp = ledger.rounds, sent.resp
-    chunks = iter_raw(resp, sent.url) if rounds is None else wire.stream(sent.send, resp, sent.url, rounds)
+    resp = sent.resp
+    chunks = iter_raw(resp, sent.url) if loop is None else loop.stream(resp)
 
     def on_usage(usage: Usage) -> None:
         ledger.outcome.usage = usage
@@ -66,7 +65,8 @@ def _streamed(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, hide_usa
         end = StreamEnd(resp.status_code)
         size = 0
         try:
-            async for chunk in stream_events(wire.watch_stream(chunks, on_usage, hide_usage), end, run, wire):
+            watched = wire.watch_stream(chunks, on_usage, sent.conv.usage_hidden)
+            async for chunk in stream_events(watched, end, run, wire):
                 size += len(chunk)
                 yield chunk
         finally:
@@ -76,18 +76,18 @@ def _streamed(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, hide_usa
     return relay_stream(relay(), resp.status_code, headers)
 
 
-async def _whole(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec) -> Response:
+async def _whole(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop: ReadLoop | None) -> Response:
     """Read whole (the hidden rounds answered first), then relayed with its usage accounted."""
-    resp, rounds = sent.resp, ledger.rounds
+    resp = sent.resp
     try:
-        if rounds is None:
+        if loop is None:
             content = await read_body(resp, sent.url)
         else:
-            resp, content = await wire.complete(sent.send, resp, sent.url, rounds)
-            run.headers["x-ctxproxy-read-rounds"] = str(rounds.done)
+            resp, content = await loop.complete(resp)
+            run.headers["x-ctxproxy-read-rounds"] = str(loop.done)
     except ProxyError as err:
         run.finish(ledger.close(err.status, err.code), status=err.status, error=err.code)
-        return error_response(err, run.headers, anthropic=run.anthropic)
+        return error_response(err, wire, run.headers)
     if resp.status_code == 200:
         ledger.outcome.usage = wire.usage_of_reply(content)
     run.finish(ledger.close(resp.status_code), status=resp.status_code, bytes_out=len(content))

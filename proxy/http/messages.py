@@ -21,7 +21,7 @@ from proxy.http.relay import read_body as read_request_body
 from proxy.http.request_run import RequestRun, context
 from proxy.request import Conversation
 from proxy.rewrite.events import Degraded
-from proxy.rewrite.pipeline import run_pipeline
+from proxy.rewrite.pipeline import shape
 from proxy.state import state_of
 from proxy.upstream.client import read_body, response_headers, upstream_url
 from proxy.wire.codec import Body
@@ -56,14 +56,13 @@ async def count_tokens(request: Request) -> Response:
         conv = Conversation.parse(raw, COUNTING)
         ctx = await context(st, request, conv, run)
         if ctx.route.count_tokens == "rewritten":
-            pipeline = [t for t in st.pipelines[ctx.route.name] if t.name != "status_bar"]
-            conv = await run_pipeline(pipeline, conv, ctx)
+            conv = await shape(st.pipelines[ctx.route.name], conv, ctx, "count")
         url = upstream_url(ctx.route.upstream, COUNT_PATH, query_of(request))
         resp = await st.upstream.send("POST", url, ctx.upstream_headers, conv.to_bytes(), ctx.route.upstream)
         content = await read_body(resp, url)
     except ProxyError as err:
         run.finish({}, status=err.status, error=err.code)
-        return error_response(err, run.headers, anthropic=True)
+        return error_response(err, MESSAGES, run.headers)
     run.headers["x-ctxproxy-count-tokens"] = ctx.route.count_tokens
     for e in conv.kinds(Degraded):  # counted on the client's own request: say why, as on /v1/messages
         run.headers["x-ctxproxy-degraded"] = e.header

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.errors import ProxyError
-from proxy.http.relay import error_response, query_of, read_body, relay_response, relay_stream, speaks_anthropic
+from proxy.http.relay import client_codec, error_response, query_of, read_body, relay_response, relay_stream
 from proxy.http.request_run import new_request_id
 from proxy.http.routing import resolve_route
 from proxy.logs import event
@@ -42,19 +42,19 @@ async def passthrough(request: Request) -> Response:
     t0 = time.perf_counter()
     rid = new_request_id()
     log: dict[str, object] = {"request_id": rid, "method": request.method, "path": request.scope["path"]}
-    anthropic = speaks_anthropic(request)
+    wire = client_codec(request)
     try:
         body = await read_body(request, st.settings.server)
         route = resolve_route(st.settings, request.path_params.get("route"), request.headers,
                               _model_of(body, request.headers.get("content-type", "")),
-                              "anthropic" if anthropic else None)
+                              "anthropic" if wire.family == "anthropic" else None)
         log["route"] = route.name
         url = upstream_url(route.upstream, request.path_params["path"], query_of(request))
         resp = await st.upstream.send(request.method, url, request_headers(request.headers.items(), route.upstream),
                                       body or None, route.upstream)
     except ProxyError as err:
         event("request", status=err.status, error=err.code, **log)
-        return error_response(err, {"x-ctxproxy-request-id": rid}, anthropic=anthropic)
+        return error_response(err, wire, {"x-ctxproxy-request-id": rid})
     headers = response_headers(resp.headers) + [("x-ctxproxy-request-id", rid), ("x-ctxproxy-route", route.name)]
     log.update(status=resp.status_code, overhead_ms=round((time.perf_counter() - t0) * 1000, 3))
     declared = resp.headers.get("content-length")
@@ -63,7 +63,7 @@ async def passthrough(request: Request) -> Response:
             content = b"".join([c async for c in iter_raw(resp, url)])
         except ProxyError as err:
             event("request", **{**log, "status": err.status, "error": err.code})
-            return error_response(err, {"x-ctxproxy-request-id": rid}, anthropic=anthropic)
+            return error_response(err, wire, {"x-ctxproxy-request-id": rid})
         event("request", **log)
         return relay_response(content, resp.status_code, headers)
     event("request", **log)

@@ -10,6 +10,9 @@ from starlette.responses import Response, StreamingResponse
 
 from proxy.config import ServerSettings
 from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, RequestTimeout
+from proxy.wire.chat.codec import CHAT
+from proxy.wire.codec import Codec
+from proxy.wire.messages.codec import MESSAGES
 
 JSON = "application/json"
 
@@ -57,18 +60,18 @@ def query_of(request: Request) -> str:
     return raw.decode("latin-1")
 
 
-def speaks_anthropic(request: Request) -> bool:
-    """Whether the client speaks Anthropic's API: its errors then take Anthropic's shape."""
+def client_codec(request: Request) -> Codec:
+    """The API a request without a codec of its own speaks, for its errors: Anthropic's on /v1/messages or with
+    an `anthropic-version` header, else OpenAI's."""
     path: str = request.scope["path"]
-    return "/v1/messages" in path or "anthropic-version" in request.headers
+    return MESSAGES if "/v1/messages" in path or "anthropic-version" in request.headers else CHAT
 
 
-def error_response(err: ProxyError, headers: dict[str, str] | None = None, *, anthropic: bool = False) -> Response:
-    """The proxy's own error, in the shape of the API the client speaks (OpenAI's, or Anthropic's)."""
+def error_response(err: ProxyError, wire: Codec | None, headers: dict[str, str] | None = None) -> Response:
+    """The proxy's own error, in the shape of the API the client speaks (its codec's; OpenAI's if none)."""
     if isinstance(err, RequestTimeout):  # the rest of the request may still trickle in: not worth reading
         headers = {**(headers or {}), "connection": "close"}
-    return Response(err.anthropic_body() if anthropic else err.body(), status_code=err.status, media_type=JSON,
-                    headers=headers)
+    return Response((wire or CHAT).error_body(err), status_code=err.status, media_type=JSON, headers=headers)
 
 
 def _raw(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:

@@ -43,13 +43,13 @@ class RequestRun:
     t_sent: float = 0.0  # when the rewritten request went upstream (0: it never did)
     ctx: RequestContext | None = None
     conv: Conversation | None = field(default=None, repr=False)
-    anthropic: bool = False  # the client speaks Anthropic's API: its errors take that shape
+    wire: Codec | None = None  # the client's API: its errors take that shape
 
     @classmethod
     def start(cls, request: Request, wire: Codec) -> RequestRun:
         rid = new_request_id()
         return cls(rid, time.perf_counter(), {"request_id": rid, "path": request.scope["path"]},
-                   {"x-ctxproxy-request-id": rid}, anthropic=wire.family == "anthropic")
+                   {"x-ctxproxy-request-id": rid}, wire=wire)
 
     def finish(self, fields: dict[str, object], **more: object) -> None:
         """The request's one log line."""
@@ -66,7 +66,7 @@ class RequestRun:
             ledger = await st.accounting.open(self.ctx, self.conv, outcome)
             fields = ledger.close(err.status, err.code)
         self.finish(fields, status=err.status, error=err.code)
-        return error_response(err, self.headers, anthropic=self.anthropic)
+        return error_response(err, self.wire, self.headers)
 
 
 async def parse(st: ProxyState, request: Request, wire: Codec) -> Conversation:
@@ -122,6 +122,7 @@ async def stream_events(chunks: AsyncIterator[bytes], end: StreamEnd, run: Reque
     """
     first: float | None = None
     tail = b""  # an unterminated event, held until something follows it
+    last = b""  # the last chunk given (a numbered stream's next number is read there)
     try:
         async for chunk in chunks:
             if first is None:
@@ -132,17 +133,18 @@ async def stream_events(chunks: AsyncIterator[bytes], end: StreamEnd, run: Reque
                 cut = chunk.rfind(b"\n\n") + 2  # 1: no event ends in it
                 chunk, tail = (chunk[:cut], chunk[cut:]) if cut > 1 else (b"", chunk)
             if chunk:
+                last = chunk
                 yield chunk
         if tail:
             yield tail
     except ProxyError as err:
         end.status, end.error = err.status, err.code
-        yield wire.stream_error(wire.error_body(err))
+        yield wire.stream_error(err, last)
     except StreamCutShort as cut:
         cut_err = UpstreamUnreachable(f"upstream stream ended early: {cut}", code="upstream_stream_cut")
         end.status, end.error = cut_err.status, cut_err.code
-        yield wire.stream_error(wire.error_body(cut_err))
+        yield wire.stream_error(cut_err, last)
     except Exception as exc:  # a proxy bug: the headers are out, so say it in the stream rather than cut it
         logger.error("unexpected error in a stream", exc_info=exc, extra={"fields": {"request_id": run.request_id}})
         end.status, end.error = 500, "internal_error"
-        yield wire.stream_error(wire.error_body(ProxyError("internal proxy error; see the proxy log")))
+        yield wire.stream_error(ProxyError("internal proxy error; see the proxy log"), last)

@@ -20,11 +20,11 @@ from proxy.http.relay import query_of
 from proxy.http.request_run import RequestRun
 from proxy.logs import event
 from proxy.request import Conversation, RequestContext
-from proxy.rewrite.pipeline import run_pipeline
+from proxy.rewrite.context_read.loop import Send
+from proxy.rewrite.pipeline import shape
 from proxy.state import ProxyState
 from proxy.upstream.client import read_body, upstream_url
 from proxy.upstream.windows import overflow_limit
-from proxy.wire.codec import Send
 
 
 @dataclass
@@ -70,7 +70,6 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, sen
     first, conv = conv, Conversation.parse(conv.raw, conv.wire)
     carry_events(first, conv)  # what the first run stored (offloads, compactions) still counts
     st.memo.recall(ctx.tenant, ctx.session, conv)
-    conv = await run_pipeline(st.pipelines[ctx.route.name], conv, ctx)
-    conv.wire.ask_for_usage(conv)
+    conv = await shape(st.pipelines[ctx.route.name], conv, ctx)
     run.ctx, run.conv = ctx, conv
     return await send(conv.to_bytes()), conv, ctx

@@ -14,11 +14,18 @@ True unless a transform says otherwise), so no transform stalls the loop.
 
 Containment: whatever a transform raises, the client's request goes upstream
 unmodified (`forward_unmodified`), never a 500 (proxy/rewrite/degrade.py).
+
+`shape` is the one way a request is made ready to send, for a turn, for the
+retry after a context overflow and for count_tokens alike (a transform with
+`counted = False` - the status bar: counting is not a turn - is left out of
+a count). A transform may also have a response-side hook, `on_response`,
+that takes over reading the provider's answer (the read tool's hidden rounds,
+proxy/rewrite/context_read/loop.py); `response_loop` finds it.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -26,6 +33,7 @@ from proxy.config import Route
 from proxy.request import Conversation, RequestContext
 from proxy.rewrite.cache_hints import CacheHints
 from proxy.rewrite.compress.transform import Compress
+from proxy.rewrite.context_read.loop import ReadLoop, Send
 from proxy.rewrite.context_read.transform import ContextRead
 from proxy.rewrite.degrade import STORE_DOWN, forward_unmodified
 from proxy.rewrite.offload import Offload
@@ -39,7 +47,9 @@ class Transform(Protocol):
     name: ClassVar[str]
     Settings: ClassVar[type[BaseModel]]
     # needs_counts: ClassVar[bool] = True, optional: False if it reads no token counts of conv.messages
+    # counted: ClassVar[bool] = True, optional: False if it has no part in what count_tokens counts
     # async def restore(self, conv, ctx) -> Conversation, optional: runs before every transform's apply
+    # def on_response(self, conv, ctx, send, url) -> ReadLoop | None, optional: reads the provider's answer
 
     def __init__(self, settings: Any, peers: Peers) -> None: ...
 
@@ -69,6 +79,32 @@ def build_pipeline(route: Route) -> list[Transform]:
         if settings is not None and getattr(settings, "enabled", True):
             out.append(t(settings, peers))
     return out
+
+
+Purpose = Literal["turn", "count"]
+
+
+async def shape(pipeline: list[Transform], conv: Conversation, ctx: RequestContext,
+                purpose: Purpose = "turn") -> Conversation:
+    """The request as it goes upstream: rewritten by the route's transforms, and for a turn's stream, asked to
+    report its usage (hidden again from a client that did not ask, `conv.usage_hidden`)."""
+    if purpose == "count":
+        pipeline = [t for t in pipeline if getattr(t, "counted", True)]
+    conv = await run_pipeline(pipeline, conv, ctx)
+    if purpose == "turn" and conv.wire.ask_for_usage(conv.body):
+        conv.changed = conv.usage_hidden = True
+    return conv
+
+
+def response_loop(pipeline: list[Transform], conv: Conversation, ctx: RequestContext, send: Send,
+                  url: str) -> ReadLoop | None:
+    """The transform's loop that reads the provider's answer to this request, if one takes it over."""
+    for transform in pipeline:
+        hook = getattr(transform, "on_response", None)
+        loop: ReadLoop | None = hook(conv, ctx, send, url) if hook is not None else None
+        if loop is not None:
+            return loop
+    return None
 
 
 async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: RequestContext) -> Conversation:

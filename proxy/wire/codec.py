@@ -16,22 +16,18 @@ keyed by the same objects across requests. Byte-stable by construction.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 if TYPE_CHECKING:
-    import httpx
-
     from proxy.errors import ProxyError
-    from proxy.request import Conversation, ReadTool
-    from proxy.store.archive import Archive
+    from proxy.wire.read_shape import ReadShape
     from proxy.wire.usage import Usage
 
 Item = Any  # one element of the conversation, in its API's own shape; only a codec looks inside
 Body = dict[str, Any]  # a parsed request body
 Role = Literal["system", "user", "assistant", "tool", "other"]
-Send = Callable[[bytes], Awaitable["httpx.Response"]]
 BreakpointStyle = Literal["anthropic", "openai"]
 
 
@@ -62,14 +58,6 @@ class ToolSpec:
     parameters: dict[str, Any]
 
 
-class ReadRounds(Protocol):
-    """The hidden read-back rounds of one request, as accounting sees them (each codec runs its own)."""
-
-    done: int  # rounds the proxy answered
-    messages: list[Item]  # the items as they grew: the client's, then each round's calls and answers
-    usages: list[Usage]  # each hidden call's usage, as reported
-
-
 class Codec(Protocol):
     """Everything the proxy knows about one client API's request shape."""
 
@@ -78,7 +66,8 @@ class Codec(Protocol):
     # is an item of its own, and a turn's calls (with reasoning between) come before their results (Responses).
     calls_grouped: ClassVar[bool]
     path: ClassVar[str]  # its endpoint below the upstream's base URL, e.g. "chat/completions"
-    family: ClassVar[Literal["openai", "anthropic"]]  # whose API it is: which upstreams take it
+    family: ClassVar[Literal["openai", "anthropic"]]  # whose API it is: which upstreams take it, its error shape
+    reads_cache_at_breakpoints: ClassVar[bool]  # the provider reads its cache only at cache_control marks
     routing_fields: ClassVar[bool]  # whether the API takes OpenAI's cache-routing fields (prompt_cache_key, ...)
 
     # ---- the request body
@@ -196,21 +185,12 @@ class Codec(Protocol):
         ...
 
     # ---- the provider's answer
-    def ask_for_usage(self, conv: Conversation) -> bool:
-        """Have a stream report its usage; True if the client did not ask for it (so it is hidden again)."""
+    def ask_for_usage(self, body: Body) -> bool:
+        """Have a stream report its usage (the body changed); True if the client did not ask (so it is hidden)."""
         ...
 
-    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> ReadRounds | None:
-        """The hidden read-back rounds of this request, or None where the request cannot have them."""
-        ...
-
-    async def complete(self, send: Send, first: httpx.Response, url: str,
-                       rounds: Any) -> tuple[httpx.Response, bytes]:
-        """A non-streamed answer, with the read tool's calls answered in hidden rounds."""
-        ...
-
-    def stream(self, send: Send, first: httpx.Response, url: str, rounds: Any) -> AsyncIterator[bytes]:
-        """A streamed answer, likewise; the hidden rounds' usage is summed into the one the client sees."""
+    def read_shape(self, body: Body, tool: str) -> ReadShape | None:
+        """The shapes the read-back loop needs for this request, or None where it cannot have hidden rounds."""
         ...
 
     def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
@@ -224,8 +204,9 @@ class Codec(Protocol):
         """The proxy's own error in this API's error shape."""
         ...
 
-    def stream_error(self, error_body: bytes) -> bytes:
-        """The event that ends a stream the proxy cannot finish (its headers are already out)."""
+    def stream_error(self, err: ProxyError, before: bytes) -> bytes:
+        """The event that ends a stream the proxy cannot finish (its headers are already out); `before` is the
+        last chunk the client got (where a numbered stream's next number is read)."""
         ...
 
     # ---- prompt-cache breakpoints

@@ -18,6 +18,7 @@ from proxy.wire.usage import Usage, usage_of_body
 class OpenAIBody:
     family: ClassVar[Literal["openai", "anthropic"]] = "openai"
     routing_fields: ClassVar[bool] = True
+    reads_cache_at_breakpoints: ClassVar[bool] = False
 
     def render(self, body: Body) -> Body:
         return body  # the items are the API's own list

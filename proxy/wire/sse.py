@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from proxy.wire.read_shape import IllFormed, provider_error
 from proxy.wire.usage import Usage, parse_usage
 
 DONE = b"[DONE]"
@@ -45,6 +46,26 @@ def event_data(event: bytes) -> Any:
         return None
 
 
+_EVENT_NAME = re.compile(rb"[A-Za-z0-9_.\-]{1,128}")
+
+
+def named_event(kind: str, payload: bytes) -> bytes:
+    """An `event:` + `data:` event the proxy writes itself (renumbered, rebuilt).
+
+    The name comes from the provider's data (its `type`); one holding a line
+    break would end the `event:` line and let the provider forge events of
+    its own, so a name that is not a plain token is refused (IllFormed).
+    """
+    if not plain_name(kind):
+        raise IllFormed("an event type that is not a plain name")
+    return b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n"
+
+
+def plain_name(kind: str) -> bool:
+    """Letters, digits, `_`, `.` and `-` only: what every documented event type is made of."""
+    return _EVENT_NAME.fullmatch(kind.encode("utf-8", "surrogatepass")) is not None
+
+
 def is_usage_chunk(chunk: Any) -> bool:
     return isinstance(chunk, dict) and chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)
 
@@ -57,7 +78,7 @@ async def account_stream(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage
                          hide_usage: bool) -> AsyncIterator[bytes]:
     """Pass events through as they complete; report the usage chunk, and drop it if the client did not ask.
 
-    A stream that ends without a finish_reason or [DONE] was cut: the caller gets
+    A stream that ends without a finish_reason, [DONE] or the provider's error chunk was cut: the caller gets
     StreamCutShort after the last event, so the client is told instead of
     mistaking a truncated answer for a whole one.
     """
@@ -65,8 +86,9 @@ async def account_stream(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage
 
     def keep(ev: bytes) -> bool:
         nonlocal finished
-        if not finished and (b"[DONE]" in ev or _FINISHED.search(ev)):
-            finished = True
+        if not finished and (b"[DONE]" in ev or _FINISHED.search(ev)
+                             or (b'"error"' in ev and provider_error(event_data(ev)) is not None)):
+            finished = True  # an error chunk is the provider's own end of the stream
         if b'"usage":{' in ev or b'"usage": {' in ev:
             chunk = event_data(ev)
             if is_usage_chunk(chunk):

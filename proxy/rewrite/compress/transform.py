@@ -83,7 +83,7 @@ def marked_at_end(conv: Conversation, prefix: list[Message], limit: int) -> list
     breakpoints (Anthropic's Messages API): the summary call then reads what the agent's turns wrote (the
     provider looks 20 blocks back from a breakpoint). Within the 4 allowed, the client's own counted."""
     wire = conv.wire
-    if wire.family != "anthropic":
+    if not wire.reads_cache_at_breakpoints:
         return prefix
     if len(wire.fixed_marks(conv.body)) + sum(wire.has_breakpoint(m) for m in prefix) >= limit:
         return prefix

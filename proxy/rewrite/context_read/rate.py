@@ -22,7 +22,7 @@ from proxy.store.keys import tenant_key
 from proxy.wire.usage import Usage
 
 if TYPE_CHECKING:
-    from proxy.wire.codec import ReadRounds as Rounds
+    from proxy.request import ReadRounds as Rounds
 
 _SEEN = 50_000  # (tenant, handle) pairs known to be counted as given already, in process
 

@@ -4,7 +4,8 @@ Added after the client's tools on every request that carries tools (so the
 tool list never changes within a session), and also on a request without
 tools once the proxy has put a placeholder with a handle into it - otherwise
 the placeholder would name a tool the model does not have. Calls to it are
-answered by the proxy in hidden rounds (proxy/wire/chat/rounds.py).
+answered by the proxy in hidden rounds (proxy/rewrite/context_read/loop.py),
+which this transform's response-side hook starts.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from proxy.request import Conversation, ReadTool, RequestContext
+from proxy.rewrite.context_read.loop import ReadLoop, Send
 from proxy.rewrite.context_read.tool import tool_name_for, tool_spec
 from proxy.rewrite.events import PLACEHOLDER_EVENTS
 from proxy.rewrite.settings import ContextReadSettings, Peers
+from proxy.store.archive import Archive
 from proxy.wire.codec import Codec
 
 
@@ -35,6 +38,14 @@ class ContextRead:
         conv.set_tools(sent)
         conv.read_tool = ReadTool(tool_name_for(conv.wire, tools), self.settings.rounds, self.settings.max_chars)
         return conv
+
+    def on_response(self, conv: Conversation, ctx: RequestContext, send: Send, url: str) -> ReadLoop | None:
+        """The hidden rounds of a request the read tool went out with (None where its API cannot have them)."""
+        tool = conv.read_tool
+        shape = conv.wire.read_shape(conv.body, tool.name) if tool is not None else None
+        if tool is None or shape is None:
+            return None
+        return ReadLoop(conv, shape, tool, Archive(ctx.store, ctx.tenant), send, url)
 
 
 def has_placeholders(conv: Conversation) -> bool:

@@ -56,6 +56,7 @@ class StatusBar:
     name: ClassVar[str] = "status_bar"
     Settings: ClassVar[type[BaseModel]] = StatusBarSettings
     needs_counts: ClassVar[bool] = False  # `restore` reads digests only (proxy/rewrite/pipeline.py)
+    counted: ClassVar[bool] = False  # count_tokens counts no status: counting is not a turn
 
     def __init__(self, settings: StatusBarSettings, peers: Peers) -> None:
         self.settings = settings

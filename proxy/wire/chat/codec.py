@@ -10,22 +10,16 @@ as having none of that, never as an error.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-import httpx
-
-from proxy.wire.chat import rounds as chat_rounds
-from proxy.wire.chat.round_usage import summed_body, summed_stream
+from proxy.errors import ProxyError
+from proxy.wire.chat.read_shape import ChatReadShape
 from proxy.wire.chat.validate import check_messages, parse_body
-from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec, mark_ttl
+from proxy.wire.codec import Body, BreakpointStyle, Item, Role, ToolCall, ToolSpec, mark_ttl
 from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.parts import first, joined, with_text_at
 from proxy.wire.sse import account_stream
 from proxy.wire.usage import Usage
-
-if TYPE_CHECKING:
-    from proxy.request import Conversation, ReadTool
-    from proxy.store.archive import Archive
 
 _ROLES: dict[Any, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                            "tool": "tool", "function": "tool"}
@@ -141,38 +135,27 @@ class ChatCompletions(OpenAIBody):
         return text if isinstance(text, str) else ""
 
 
-    def ask_for_usage(self, conv: Conversation) -> bool:
-        body = conv.body
+    def ask_for_usage(self, body: Body) -> bool:
         if body.get("stream") is not True:
             return False
         options = body.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage") is True:
             return False
         body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-        conv.changed = True
         return True
 
-    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> chat_rounds.Rounds | None:
-        if conv.body.get("n") not in (None, 1):  # several choices: no single answer to continue from
+    def read_shape(self, body: Body, tool: str) -> ChatReadShape | None:
+        if body.get("n") not in (None, 1):  # several choices: no single answer to continue from
             return None
-        return chat_rounds.Rounds(conv, tool, archive)
-
-    async def complete(self, send: Send, first: httpx.Response, url: str,
-                       rounds: chat_rounds.Rounds) -> tuple[httpx.Response, bytes]:
-        resp, content = await chat_rounds.complete(send, first, url, rounds)
-        return resp, summed_body(content, rounds) if resp.status_code == 200 else content
-
-    def stream(self, send: Send, first: httpx.Response, url: str,
-               rounds: chat_rounds.Rounds) -> AsyncIterator[bytes]:
-        return summed_stream(chat_rounds.stream(send, first, url, rounds), rounds)
+        return ChatReadShape(tool)
 
     def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
                      hide_usage: bool) -> AsyncIterator[bytes]:
         return account_stream(chunks, on_usage, hide_usage)
 
 
-    def stream_error(self, error_body: bytes) -> bytes:
-        return b"data: " + error_body + b"\n\n"
+    def stream_error(self, err: ProxyError, before: bytes) -> bytes:
+        return b"data: " + err.body() + b"\n\n"
 
     def marks(self, item: Item) -> list[int]:
         content = item.get("content")

@@ -1,13 +1,10 @@
-"""Which provider replies the read-back loop may act on, and the one error for a hidden round gone wrong.
+"""Which Chat Completions replies the read-back loop may act on.
 
 A provider, or a gateway in front of it, can answer anything: a `message` that
 is a string, `tool_calls` an object, an `index` that is a list, an HTML error
-page. The loop (proxy/wire/chat/rounds.py) looks into a reply only when every part it
-touches has the documented type; anything else raises `IllFormed`. The loop
-then relays a reply the client asked for exactly as it came, and turns the
-answer to a round the client never saw into one `HiddenRoundFailed` - an
-OpenAI-shaped error that carries none of the provider's bytes, so a page from
-upstream can never inject an event into a stream the proxy is writing.
+page. The loop (proxy/rewrite/context_read/loop.py) looks into a reply only
+when every part it touches has the documented type; anything else raises
+`IllFormed` (proxy/wire/read_shape.py says what the loop then does).
 """
 
 from __future__ import annotations
@@ -17,36 +14,7 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import UpstreamUnreachable, anthropic_error_body
-
-_MESSAGE_MAX_CHARS = 2000  # of a provider's error message repeated in ours
-
-
-class IllFormed(ValueError):
-    """A reply or chunk that claims the chat-completion shape but breaks it; the message says where."""
-
-
-class HiddenRoundFailed(UpstreamUnreachable):
-    """The answer to a hidden read-back round was unusable: the client gets this instead of the provider's bytes.
-
-    Status: the provider's own when it sent an error status, else 502 (it said
-    200 but sent something the proxy cannot pass on).
-    """
-
-    code = "upstream_bad_response"
-
-    def __init__(self, message: str, *, status: int = 502, type_: str | None = None, code: str | None = None,
-                 param: str | None = None) -> None:
-        super().__init__(message, param=param, code=code)
-        self.status = status if status >= 400 else 502
-        if type_ is not None:
-            self.type = type_
-
-    def anthropic_body(self) -> bytes:
-        """The provider's own error type when it is Anthropic's: an `overloaded_error` event in a hidden round
-        reaches the client as `overloaded_error` (how a client tells a busy API from a failed one), not as
-        the generic type of the status."""
-        return anthropic_error_body(self.message, self.status, self.type)
+from proxy.wire.read_shape import IllFormed
 
 
 def _text(v: Any) -> bool:
@@ -138,27 +106,3 @@ def delta(chunk: Any) -> Delta | None:
         if not _index(call.get("index")):
             raise IllFormed(f"delta.tool_calls[{i}].index is not an integer")
     return Delta(chunk["choices"][0], part, calls)
-
-
-def provider_error(data: Any) -> dict[str, Any] | None:
-    """The provider's own OpenAI-shaped `error` object, if that is what `data` is."""
-    if isinstance(data, dict) and isinstance(data.get("error"), dict) and isinstance(data["error"].get("message"), str):
-        error: dict[str, Any] = data["error"]
-        return error
-    return None
-
-
-def hidden_failure(status: int, content: bytes, content_type: str, why: str) -> HiddenRoundFailed:
-    """The error for an unusable answer to a hidden round: the provider's message if it sent one, else ours."""
-    try:
-        err = provider_error(orjson.loads(content))
-    except orjson.JSONDecodeError:
-        err = None
-    if err is not None:
-        def text(k: str) -> str | None:
-            return err[k] if isinstance(err.get(k), str) else None
-        return HiddenRoundFailed(err["message"][:_MESSAGE_MAX_CHARS], status=status, type_=text("type"),
-                                 code=text("code"), param=text("param"))
-    return HiddenRoundFailed(f"the provider's answer to the proxy's hidden context_read round was unusable "
-                             f"(HTTP {status}, content-type {content_type[:100] or 'none'}: {why}); "
-                             f"nothing of it was passed on", status=status)

@@ -13,23 +13,18 @@ invented yet are never rewritten and never moved; `system`, `metadata`,
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
-
-import httpx
+from typing import Any, ClassVar, Literal
 
 from proxy.errors import ProxyError
 from proxy.wire import jsonio
-from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec, mark_ttl
-from proxy.wire.messages import rounds as messages_rounds
+from proxy.wire.codec import Body, BreakpointStyle, Item, Role, ToolCall, ToolSpec, mark_ttl
 from proxy.wire.messages.items import ORIGINS, is_block, join, split
+from proxy.wire.messages.read_shape import MessagesReadShape
+from proxy.wire.messages.stream import watch
 from proxy.wire.messages.validate import parse_body
 from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.parts import first, joined, texts, with_text_at
 from proxy.wire.usage import Usage
-
-if TYPE_CHECKING:
-    from proxy.request import Conversation, ReadTool
-    from proxy.store.archive import Archive
 
 _UNMARKABLE = frozenset({"thinking", "redacted_thinking"})  # the API refuses cache_control on these
 
@@ -59,6 +54,7 @@ class Messages(OpenAIBody):
     path: ClassVar[str] = "messages"
     calls_grouped: ClassVar[bool] = True
     family: ClassVar[Literal["openai", "anthropic"]] = "anthropic"
+    reads_cache_at_breakpoints: ClassVar[bool] = True
     routing_fields: ClassVar[bool] = False  # no prompt_cache_key: the API refuses fields it does not know
 
     def parse(self, raw: bytes) -> Body:
@@ -195,29 +191,21 @@ class Messages(OpenAIBody):
         return "\n".join(_texts(data["content"]))
 
     # ---- the provider's answer
-    def ask_for_usage(self, conv: Conversation) -> bool:
+    def ask_for_usage(self, body: Body) -> bool:
         return False  # a Messages stream always reports usage (message_start, message_delta)
 
-    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> messages_rounds.Rounds | None:
-        return messages_rounds.Rounds(conv, tool, archive)
-
-    async def complete(self, send: Send, first: httpx.Response, url: str,
-                       rounds: messages_rounds.Rounds) -> tuple[httpx.Response, bytes]:
-        return await messages_rounds.complete(send, first, url, rounds)
-
-    def stream(self, send: Send, first: httpx.Response, url: str,
-               rounds: messages_rounds.Rounds) -> AsyncIterator[bytes]:
-        return messages_rounds.stream(send, first, url, rounds)
+    def read_shape(self, body: Body, tool: str) -> MessagesReadShape:
+        return MessagesReadShape(self, tool)
 
     def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
                      hide_usage: bool) -> AsyncIterator[bytes]:
-        return messages_rounds.watch(chunks, on_usage)
+        return watch(chunks, on_usage)
 
     def error_body(self, err: ProxyError) -> bytes:
         return err.anthropic_body()
 
-    def stream_error(self, error_body: bytes) -> bytes:
-        return b"event: error\ndata: " + error_body + b"\n\n"
+    def stream_error(self, err: ProxyError, before: bytes) -> bytes:
+        return b"event: error\ndata: " + err.anthropic_body() + b"\n\n"
 
     # ---- prompt-cache breakpoints
     def fixed_marks(self, body: Body) -> list[int]:

@@ -12,20 +12,16 @@ emitted as the very object the client sent. `instructions` is never touched.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-import httpx
-
-from proxy.wire.codec import Body, BreakpointStyle, Item, Role, Send, ToolCall, ToolSpec
+from proxy.errors import ProxyError
+from proxy.wire.codec import Body, BreakpointStyle, Item, Role, ToolCall, ToolSpec
 from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.parts import first, joined, texts, with_text_at
-from proxy.wire.responses import rounds as responses_rounds
+from proxy.wire.responses.read_shape import ResponsesReadShape
+from proxy.wire.responses.stream import stream_error, watch
 from proxy.wire.responses.validate import check_items, parse_body
 from proxy.wire.usage import Usage
-
-if TYPE_CHECKING:
-    from proxy.request import Conversation, ReadTool
-    from proxy.store.archive import Archive
 
 _MESSAGE_ROLES: dict[Any, Role] = {"system": "system", "developer": "system", "user": "user",
                                    "assistant": "assistant"}
@@ -187,27 +183,18 @@ class Responses(OpenAIBody):
         return "\n".join(texts)
 
 
-    def ask_for_usage(self, conv: Conversation) -> bool:
+    def ask_for_usage(self, body: Body) -> bool:
         return False  # a Responses stream always ends with response.completed, usage included
 
-    def read_rounds(self, conv: Conversation, tool: ReadTool, archive: Archive) -> responses_rounds.Rounds | None:
-        return responses_rounds.Rounds(conv, tool, archive)
-
-    async def complete(self, send: Send, first: httpx.Response, url: str,
-                       rounds: responses_rounds.Rounds) -> tuple[httpx.Response, bytes]:
-        return await responses_rounds.complete(send, first, url, rounds)
-
-    def stream(self, send: Send, first: httpx.Response, url: str,
-               rounds: responses_rounds.Rounds) -> AsyncIterator[bytes]:
-        return responses_rounds.stream(send, first, url, rounds)
+    def read_shape(self, body: Body, tool: str) -> ResponsesReadShape:
+        return ResponsesReadShape(tool)
 
     def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
                      hide_usage: bool) -> AsyncIterator[bytes]:
-        return responses_rounds.watch(chunks, on_usage)
+        return watch(chunks, on_usage)
 
-
-    def stream_error(self, error_body: bytes) -> bytes:
-        return b"event: error\ndata: " + error_body + b"\n\n"
+    def stream_error(self, err: ProxyError, before: bytes) -> bytes:
+        return stream_error(err, before)
 
     def marks(self, item: Item) -> list[int]:
         return []
