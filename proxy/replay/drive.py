@@ -25,7 +25,8 @@ import orjson
 
 from proxy.accounting.usage import parse_usage
 from proxy.replay.proxy_setup import proxy_settings, quiet_logs
-from proxy.replay.simulator import SimRecord, Simulator, ThreadedServer
+from proxy.replay.simulator import SimRecord, Simulator
+from proxy.replay.threaded_server import ThreadedServer
 from proxy.replay.traces import Trace
 from proxy.tokens.counter import default_counter
 
