@@ -119,15 +119,6 @@ def _content(messages: list[Any]) -> str | None:
     return None
 
 
-def _marked(block: Any) -> bool:
-    """A breakpoint: a block with cache_control, or a tool_result with one on a block inside it."""
-    if not isinstance(block, dict):
-        return False
-    inner = block.get("content") if block.get("type") == "tool_result" else None
-    return block.get("cache_control") is not None or (isinstance(inner, list) and any(
-        isinstance(b, dict) and b.get("cache_control") is not None for b in inner))
-
-
 def _markers(body: Mapping[str, Any]) -> int:
     """Every cache_control of the request (the top-level one, automatic caching, included)."""
     def count(block: Any) -> int:
