@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from proxy.replay import parse, run
-from proxy.replay.simulator import Simulator, ThreadedServer
+from proxy.replay.simulator import Simulator
+from proxy.replay.threaded_server import ThreadedServer
 from proxy.replay.traces import example_paths
 from proxy.rewrite.compress import summarizer
 from proxy.tokens.encodings import ensure_encodings, get_encoding

@@ -1,4 +1,4 @@
-"""The simulator's Anthropic Messages API (proxy/replay/sim_messages.py) and Messages traces.
+"""The simulator's Anthropic Messages API (proxy/replay/sim_messages*.py) and Messages traces.
 
 The figures are checked against the rules the simulator documents, written
 again here without importing it: the block-by-block rendering, and
@@ -16,8 +16,9 @@ import httpx
 import pytest
 
 from proxy.replay import traces_messages as tm
-from proxy.replay.sim_messages import NON_EMPTY
-from proxy.replay.simulator import Simulator, ThreadedServer
+from proxy.replay.sim_messages_validation import NON_EMPTY
+from proxy.replay.simulator import Simulator
+from proxy.replay.threaded_server import ThreadedServer
 from proxy.replay.traces import example_paths, load_trace
 from proxy.rewrite.compress import summarizer
 from proxy.tokens.encodings import ensure_encodings, get_encoding

@@ -24,7 +24,8 @@ import httpx
 import orjson
 
 from proxy.replay.proxy_setup import proxy_settings, quiet_logs
-from proxy.replay.simulator import SimRecord, Simulator, ThreadedServer
+from proxy.replay.simulator import SimRecord, Simulator
+from proxy.replay.threaded_server import ThreadedServer
 from proxy.replay.traces import Trace
 from proxy.tokens.counter import default_counter
 from proxy.wire.usage import parse_usage

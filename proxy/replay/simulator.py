@@ -49,7 +49,9 @@ error and stream shapes are in proxy/replay/sim_responses.py.
 ``POST /v1/messages`` (Anthropic's Messages API, and its ``count_tokens``) has
 its own rules where Anthropic's differ: block-by-block rendering, caching only
 at ``cache_control`` breakpoints (with the 20-block lookback), Anthropic's
-usage, error and stream shapes; they are in proxy/replay/sim_messages.py.
+usage, error and stream shapes; they are in proxy/replay/sim_messages.py (answers and wire shapes),
+proxy/replay/sim_messages_prompt.py (rendering and the breakpoint cache) and
+proxy/replay/sim_messages_validation.py (what is refused).
 """
 
 from __future__ import annotations
@@ -58,19 +60,18 @@ import argparse
 import asyncio
 import json
 import re
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy.replay import sim_messages, sim_responses
+from proxy.replay import sim_messages, sim_messages_prompt, sim_messages_validation, sim_responses
 from proxy.replay.sim_answers import _answer, call_kind
 from proxy.replay.sim_prompt import (
     DEFAULT_WINDOW,
@@ -136,7 +137,7 @@ class Simulator:
         self.window = window
         self.windows = dict(windows or {})
         self.cache = PrefixCache()
-        self.breakpoints = sim_messages.BreakpointCache()  # the Messages API's cache
+        self.breakpoints = sim_messages_prompt.BreakpointCache()  # the Messages API's cache
         self.log: list[SimRecord] = []
         self._lock = threading.Lock()
         self._seq = 0
@@ -231,20 +232,21 @@ class Simulator:
 
         `authorization`: the caller's credentials (x-api-key, else Authorization), the cache scope with the model.
         """
-        if (why := sim_messages.invalid(body)) is not None:
+        if (why := sim_messages_validation.invalid(body)) is not None:
             model = body.get("model") if isinstance(body, dict) else None
             self._record(SimRecord("invalid", str(model or ""), 400, 0, 0, 0, "invalid_request_error"))
-            return 400, sim_messages.error_body(why)
+            return 400, sim_messages_validation.error_body(why)
         model = str(body["model"])
         kind = sim_messages.call_kind(body)
-        blocks = sim_messages.prompt_blocks(body)
+        blocks = sim_messages_prompt.prompt_blocks(body)
         prompt = sum(len(b.chunk) for b in blocks)
         budget = int(body["max_tokens"])
         window = self.window_for(model)
         if prompt + budget > window:
             self._record(SimRecord(kind, model, 400, prompt, 0, 0, "context_length_exceeded"))
-            return 400, sim_messages.error_body(sim_messages.too_long(prompt, window) if prompt > window
-                                                else sim_messages.too_long_with_output(prompt, budget, window))
+            why = (sim_messages_validation.too_long(prompt, window) if prompt > window
+                   else sim_messages_validation.too_long_with_output(prompt, budget, window))
+            return 400, sim_messages_validation.error_body(why)
         with self._lock:
             read, created, ttl = self.breakpoints.read_and_write((authorization, model), blocks)
         text = sim_messages.answer(kind, body)
@@ -259,9 +261,9 @@ class Simulator:
 
     def count_tokens(self, body: Any) -> tuple[int, dict[str, Any]]:
         """Anthropic's free token count of a Messages request: {"input_tokens": N}; not logged."""
-        if (why := sim_messages.invalid(body, count_only=True)) is not None:
-            return 400, sim_messages.error_body(why)
-        return 200, {"input_tokens": sim_messages.prompt_tokens(body)}
+        if (why := sim_messages_validation.invalid(body, count_only=True)) is not None:
+            return 400, sim_messages_validation.error_body(why)
+        return 200, {"input_tokens": sim_messages_prompt.prompt_tokens(body)}
 
     def _record(self, rec: SimRecord) -> int:
         with self._lock:
@@ -335,14 +337,14 @@ def _credentials(request: Request) -> str:
 
 async def _anthropic_body(request: Request) -> tuple[Any, Response | None]:
     """The parsed body of a Messages request, or the 400 Anthropic answers (no version header, bad JSON)."""
-    if not request.headers.get(sim_messages.VERSION_HEADER):
-        return None, _json(400, sim_messages.error_body("anthropic-version: header is required"))
+    if not request.headers.get(sim_messages_validation.VERSION_HEADER):
+        return None, _json(400, sim_messages_validation.error_body("anthropic-version: header is required"))
     raw = await request.body()
     try:
         return (json.loads(raw) if raw else None), None
     except ValueError:
-        return None, _json(400, sim_messages.error_body("There was an error parsing the body of your request. "
-                                                        "(ctxproxy simulator)"))
+        return None, _json(400, sim_messages_validation.error_body("There was an error parsing the body of your "
+                                                                   "request. (ctxproxy simulator)"))
 
 
 async def _sse(done: dict[str, Any], include_usage: bool):  # type: ignore[no-untyped-def]
@@ -374,55 +376,6 @@ async def _messages_sse(done: dict[str, Any]) -> AsyncIterator[bytes]:
     for event in sim_messages.stream_events(done):
         yield sim_messages.sse(event)
         await asyncio.sleep(0)
-
-
-# --------------------------------------------------------------------------- serving in a thread
-
-class ThreadedServer:
-    """Serve an ASGI app with uvicorn on a free 127.0.0.1 port in a daemon thread: ``with ThreadedServer(app) as s``."""
-
-    def __init__(self, app: Any, *, lifespan: Literal["auto", "on", "off"] = "auto", name: str = "server") -> None:
-        self.app, self.lifespan, self.name = app, lifespan, name
-        self.url = ""
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> str:
-        import uvicorn
-
-        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on accepted sockets whose proto says
-        # TCP; without it every request stalls ~40 ms (Nagle + delayed ACK).
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, loop="asyncio", lifespan=self.lifespan, log_config=None, access_log=False,
-                                timeout_graceful_shutdown=2, server_header=False, date_header=False)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name=f"{self.name}-{port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 15
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                sock.close()
-                raise RuntimeError(f"{self.name} failed to start")
-            time.sleep(0.005)
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
-
-    def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
-        self._server = self._thread = None
-
-    def __enter__(self) -> ThreadedServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 # --------------------------------------------------------------------------- python -m proxy.replay.simulator
