@@ -113,8 +113,8 @@ class ReadLoop:
                     resp = await self.send(payload)
                     continue
             data = self.shape.without_ours(reply) if reply.ours else reply.data
-            if self.usages:
-                data["usage"] = self._summed(data.get("usage"))
+            if self.usages and isinstance(data.get("usage"), dict):
+                data["usage"] = self._summed(data["usage"])
             return resp, jsonio.dumps(data)  # usage summed over rounds may pass 64 bits, which orjson refuses
 
     # ---- streamed

@@ -17,7 +17,7 @@ from typing import Any
 
 from proxy.wire import jsonio
 from proxy.wire.codec import Body, Item
-from proxy.wire.read_shape import Call, IllFormed, Reply
+from proxy.wire.read_shape import Call, IllFormed, Reply, provider_error
 from proxy.wire.sse import named_event, plain_name
 
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -76,7 +76,7 @@ class ResponsesReadShape:
         return body
 
     def is_error_event(self, data: dict[str, Any]) -> bool:
-        return data.get("type") == "error"
+        return data.get("type") == "error" or provider_error(data) is not None
 
     def stream_state(self) -> ResponsesStream:
         return ResponsesStream(self)
