@@ -23,8 +23,8 @@ from proxy.rewrite.events import Degraded
 from proxy.rewrite.pipeline import run_pipeline
 from proxy.state import state_of
 from proxy.upstream.client import read_body, response_headers, upstream_url
+from proxy.wire import loop_free
 from proxy.wire.codec import Body
-from proxy.wire.conversation import Conversation
 from proxy.wire.messages.codec import MESSAGES, Messages
 
 COUNT_PATH = "messages/count_tokens"
@@ -53,13 +53,14 @@ async def count_tokens(request: Request) -> Response:
     st, run = state_of(request), RequestRun.start(request, MESSAGES)
     try:
         raw = await read_request_body(request, st.settings.server)
-        conv = Conversation.parse(raw, COUNTING)
+        conv = await loop_free.parse(raw, COUNTING)
         ctx = await context(st, request, conv, run)
         if ctx.route.count_tokens == "rewritten":
             pipeline = [t for t in st.pipelines[ctx.route.name] if t.name != "status_bar"]
             conv = await run_pipeline(pipeline, conv, ctx)
         url = upstream_url(ctx.route.upstream, COUNT_PATH, query_of(request))
-        resp = await st.upstream.send("POST", url, ctx.upstream_headers, conv.to_bytes(), ctx.route.upstream)
+        resp = await st.upstream.send("POST", url, ctx.upstream_headers, await loop_free.to_bytes(conv),
+                                    ctx.route.upstream)
         content = await read_body(resp, url)
     except ProxyError as err:
         run.finish({}, status=err.status, error=err.code)

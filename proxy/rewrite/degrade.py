@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from proxy.logs import event, log
 from proxy.rewrite.events import Degraded
+from proxy.wire import loop_free
 from proxy.wire.conversation import Conversation, RequestContext
 
 STORE_DOWN = "store-unavailable"
@@ -23,7 +24,7 @@ async def forward_unmodified(conv: Conversation, ctx: RequestContext, cause: str
     else:
         log.error("transform failed; forwarding unmodified", exc_info=error,
                   extra={"fields": {"request_id": ctx.request_id, "transform": cause}})
-    fresh = Conversation.parse(conv.raw, conv.wire)
+    fresh = await loop_free.parse(conv.raw, conv.wire)
     fresh.events.append(Degraded(cause, "store unavailable" if cause == STORE_DOWN else f"{type(error).__name__}"))
     await fresh.prepare_digests()
     await fresh.prepare_counts()
