@@ -7,8 +7,14 @@ Such work runs here instead, on a small dedicated thread pool: tiktoken's encode
 hashlib and RE2 release the GIL while they work, so the loop keeps serving, and
 the rest (C calls over a text, such as `str.find`) hold it only for milliseconds.
 
-Work on little data stays on the loop (`run_if`): a thread hop costs about 0.1 ms,
-more than counting a few kilobytes. The pool leaves one core to the loop, and it
+Work on little data stays on the loop (`run_if`, `run_unless_light`): a thread hop
+costs about 0.1 ms, more than counting a few kilobytes. "Little" is decided by the
+total work, never per piece: 100,000 items of 150 characters are 15 MB of work
+although each item is small (`is_light` walks them with a budget, so deciding is
+bounded too, whatever their number or shape). Pure-Python work in the pool still
+takes the GIL, but gives it back to the loop every switch interval (5 ms), so a
+step of the loop is bounded whatever the request; a single C call that holds the
+GIL (orjson, a dump) is kept bounded by its callers (proxy/wire/jsonio.py). The pool leaves one core to the loop, and it
 is FIFO; each request submits one bounded job at a time and awaits it, so the jobs
 of concurrent requests interleave: a client's huge requests delay another
 client's big messages by about a job each, and never a small request, which
@@ -21,17 +27,22 @@ import asyncio
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
-__all__ = ["INLINE_CHARS", "JOB_CHARS", "WORKERS", "run", "run_if"]
+__all__ = ["INLINE_CHARS", "INLINE_NODES", "JOB_CHARS", "JOB_ITEMS", "WORKERS", "is_light", "run", "run_if",
+           "run_unless_light"]
 
 # Work on fewer characters than this runs inline, on the loop: at most a few milliseconds of
 # tokenizing even for the slowest text (one repeated letter).
 INLINE_CHARS = 16_384
-# Messages are handed to the pool in jobs of about this many characters (a bigger message is a job alone).
+# ... and fewer JSON values (objects, arrays, strings, numbers) than this: walking them costs too.
+INLINE_NODES = 2_048
+# Messages are handed to the pool in jobs of about this many characters (a bigger message is a job alone) ...
 JOB_CHARS = 1 << 20
+# ... and at most this many messages (what the loop merges of one job's answer stays a short step).
+JOB_ITEMS = 4_096
 # Threads of the pool: all cores but the event loop's.
 WORKERS = max(1, (os.cpu_count() or 2) - 1)
 
@@ -60,5 +71,35 @@ async def run(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 async def run_if(size: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """`fn(...)` on the pool when it works on `size` >= INLINE_CHARS characters, else inline."""
     if size < INLINE_CHARS:
+        return fn(*args, **kwargs)
+    return await run(fn, *args, **kwargs)
+
+
+def is_light(values: Sequence[Any]) -> bool:
+    """Whether the work on these JSON values, all together, is little enough for the loop: fewer than
+    INLINE_CHARS characters in their strings and fewer than INLINE_NODES values. The walk stops as soon
+    as either bound is passed, so the answer itself costs at most INLINE_NODES steps."""
+    if len(values) >= INLINE_NODES:
+        return False
+    chars, nodes, stack = 0, 0, list(values)
+    while stack:
+        o = stack.pop()
+        nodes += 1
+        t = type(o)
+        if t is str:
+            chars += len(o)
+        elif t is dict:
+            stack.extend(o.values())
+            chars += sum(map(len, o))  # its keys are hashed and counted too
+        elif t is list:
+            stack.extend(o)
+        if chars >= INLINE_CHARS or nodes + len(stack) >= INLINE_NODES:
+            return False
+    return True
+
+
+async def run_unless_light(values: Sequence[Any], fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`fn(...)` inline when its work is on `values` that are light (`is_light`), else on the pool."""
+    if is_light(values):
         return fn(*args, **kwargs)
     return await run(fn, *args, **kwargs)

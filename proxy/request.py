@@ -20,7 +20,7 @@ from proxy.config import Route
 from proxy.store import Store
 from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
 from proxy.tokens.encodings import encoding_for_model
-from proxy.tokens.message_facts import MessageFacts, chars_of
+from proxy.tokens.message_facts import MessageFacts
 from proxy.upstream.client import Upstream
 from proxy.wire.codec import Codec, Item
 from proxy.wire.jsonio import JsonStyle
@@ -132,12 +132,13 @@ class Conversation:
         return self.facts.counts(messages)
 
     async def prepare_digests(self) -> None:
-        """The client's big new messages hashed off the event loop (every request needs all their digests)."""
+        """The client's new messages hashed off the event loop, unless they are light all together
+        (every request needs all their digests; many small ones are as much work as one big one)."""
         if len(self.raw) >= offloop.INLINE_CHARS:  # else no string in the body can be big
             await self.facts.prepare(self.client_messages[self.memo.known if self.memo else 0:], counts=False)
 
     async def prepare_counts(self) -> None:
-        """Token counts of the big messages (and of a big tool list) not counted yet, off the event loop.
+        """Token counts of the messages not counted yet (and of the tool list), off the event loop unless light.
 
         Run before the transforms that read counts, once offload has taken out
         what it takes out: an offloaded original is never counted for nothing.
@@ -146,7 +147,7 @@ class Conversation:
             await self.facts.prepare(self.messages, counts=True)
             tools = self.tools
             if tools:
-                await offloop.run_if(chars_of(tools), default_counter.count_tools, tools, self._model())
+                await offloop.run_unless_light(tools, default_counter.count_tools, tools, self._model())
 
     async def count_prepared(self, message: dict[str, Any]) -> int:
         """Tokens of one message (as `counts`), counted off the event loop if it is big."""

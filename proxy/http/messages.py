@@ -14,12 +14,12 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy import loop_free
 from proxy.errors import ProxyError
 from proxy.http.handler import handle
 from proxy.http.relay import error_response, query_of, relay_response
 from proxy.http.relay import read_body as read_request_body
 from proxy.http.request_run import RequestRun, context
-from proxy.request import Conversation
 from proxy.rewrite.events import Degraded
 from proxy.rewrite.pipeline import shape
 from proxy.state import state_of
@@ -53,12 +53,13 @@ async def count_tokens(request: Request) -> Response:
     st, run = state_of(request), RequestRun.start(request, MESSAGES)
     try:
         raw = await read_request_body(request, st.settings.server)
-        conv = Conversation.parse(raw, COUNTING)
+        conv = await loop_free.parse(raw, COUNTING)
         ctx = await context(st, request, conv, run)
         if ctx.route.count_tokens == "rewritten":
             conv = await shape(st.pipelines[ctx.route.name], conv, ctx, "count")
         url = upstream_url(ctx.route.upstream, COUNT_PATH, query_of(request))
-        resp = await st.upstream.send("POST", url, ctx.upstream_headers, conv.to_bytes(), ctx.route.upstream)
+        resp = await st.upstream.send("POST", url, ctx.upstream_headers, await loop_free.to_bytes(conv),
+                                    ctx.route.upstream)
         content = await read_body(resp, url)
     except ProxyError as err:
         run.finish({}, status=err.status, error=err.code)

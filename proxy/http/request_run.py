@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy import loop_free
 from proxy.accounting.accountant import Outcome, usage_from_events
 from proxy.errors import ProxyError, UpstreamUnreachable
 from proxy.http.relay import error_response, read_body
@@ -71,7 +72,7 @@ class RequestRun:
 
 async def parse(st: ProxyState, request: Request, wire: Codec) -> Conversation:
     """The body, bounded and checked, as the API-neutral conversation (a 4xx for anything malformed)."""
-    return Conversation.parse(await read_body(request, st.settings.server), wire)
+    return await loop_free.parse(await read_body(request, st.settings.server), wire)
 
 
 async def context(st: ProxyState, request: Request, conv: Conversation, run: RequestRun) -> RequestContext:
@@ -79,9 +80,9 @@ async def context(st: ProxyState, request: Request, conv: Conversation, run: Req
     try:
         ctx = await _context(st, request, conv, run.request_id)
     except Exception:
-        conv.check_messages()  # a bad body is reported first, as it always has been
+        await loop_free.check(conv)  # a bad body is reported first, as it always has been
         raise
-    conv.check_messages(st.memo.recall(ctx.tenant, ctx.session, conv))
+    await loop_free.check(conv, st.memo.recall(ctx.tenant, ctx.session, conv))
     run.ctx, run.conv = ctx, conv
     run.log.update(route=ctx.route.name, model=ctx.model, session=ctx.session, tenant=ctx.tenant, stream=ctx.stream,
                    messages=len(conv.messages), bytes_in=len(conv.raw))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import httpx
 from starlette.requests import Request
 
+from proxy import loop_free
 from proxy.accounting.figures import carry_events
 from proxy.http.relay import query_of
 from proxy.http.request_run import RequestRun
@@ -46,7 +47,7 @@ async def send_upstream(st: ProxyState, request: Request, conv: Conversation, ct
         return await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
 
     run.t_sent = time.perf_counter()
-    resp = await send(conv.to_bytes())
+    resp = await send(await loop_free.to_bytes(conv))
     if resp.status_code == 400 and ctx.model:
         resp, conv, ctx = await _retry_if_overflow(st, resp, url, send, conv, ctx, run)
     return Sent(conv, ctx, resp, url, send)
@@ -67,9 +68,9 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, sen
     event("learned context window from provider", request_id=ctx.request_id, route=ctx.route.name,
           model=ctx.model, window=limit)
     ctx = dataclasses.replace(ctx, window=limit)
-    first, conv = conv, Conversation.parse(conv.raw, conv.wire)
+    first, conv = conv, await loop_free.parse(conv.raw, conv.wire)
     carry_events(first, conv)  # what the first run stored (offloads, compactions) still counts
     st.memo.recall(ctx.tenant, ctx.session, conv)
     conv = await shape(st.pipelines[ctx.route.name], conv, ctx)
     run.ctx, run.conv = ctx, conv
-    return await send(conv.to_bytes()), conv, ctx
+    return await send(await loop_free.to_bytes(conv)), conv, ctx

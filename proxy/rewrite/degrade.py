@@ -9,6 +9,7 @@ transform's name), the `ctxproxy_degraded_requests` metric, and a log line.
 
 from __future__ import annotations
 
+from proxy import loop_free
 from proxy.logs import event, log
 from proxy.request import Conversation, RequestContext
 from proxy.rewrite.events import Degraded
@@ -23,7 +24,7 @@ async def forward_unmodified(conv: Conversation, ctx: RequestContext, cause: str
     else:
         log.error("transform failed; forwarding unmodified", exc_info=error,
                   extra={"fields": {"request_id": ctx.request_id, "transform": cause}})
-    fresh = Conversation.parse(conv.raw, conv.wire)
+    fresh = await loop_free.parse(conv.raw, conv.wire)
     fresh.events.append(Degraded(cause, "store unavailable" if cause == STORE_DOWN else f"{type(error).__name__}"))
     await fresh.prepare_digests()
     await fresh.prepare_counts()

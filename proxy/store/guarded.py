@@ -10,12 +10,20 @@ time goes through as a probe while the others keep failing fast, so a hanging
 backend makes at most one call per backoff pay the deadline; a probe that
 succeeds closes the breaker and the proxy recovers by itself. `ping` always asks
 the backend, within the deadline: readiness must tell the truth, quickly.
+
+The deadline measures the store, not the event loop: while a call waits, the
+loop may be held by other work (a big request's parse, a GC pass). Time the
+loop spent blocked meanwhile, measured by a small lag monitor (`LoopLag`), does
+not count against the call: a slow neighbour must never open the breaker for
+every tenant. Only the store's own slowness does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from proxy.logs import event
@@ -29,6 +37,56 @@ MAX_BACKOFF_S = 10.0  # ... doubling with each failed probe, up to this (a ping 
 # own socket/busy timeout, so a silent backend fails them just as fast.
 BULK_OPS = frozenset({"keys", "counters"})
 BULK_TIMEOUT_FACTOR = 20
+
+
+LAG_TICK_S = 0.02  # the lag monitor's beat: a beat late by more than this was a blocked loop
+
+
+class LoopLag:
+    """How long the event loop has been blocked in all, from a task that beats every LAG_TICK_S.
+
+    A beat that comes late came late because the loop was busy with something
+    else. `blocked()` is that lateness summed, the beat still due included
+    (so it is exact right after a block, before the monitor has run again).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.total = 0.0
+        self.last = loop.time()
+        self.task = loop.create_task(self._beat())
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(LAG_TICK_S)
+            now = self.loop.time()
+            self.total += max(0.0, now - self.last - LAG_TICK_S)
+            self.last = now
+
+    def blocked(self) -> float:
+        return self.total + max(0.0, self.loop.time() - self.last - LAG_TICK_S)
+
+
+@asynccontextmanager
+async def store_deadline(lag: LoopLag, seconds: float) -> AsyncIterator[None]:
+    """asyncio.timeout(seconds), but the time the loop was blocked meanwhile is added to the deadline."""
+    loop = lag.loop
+    start, blocked = loop.time(), lag.blocked()
+    async with asyncio.timeout(None) as cm:
+        handles: list[asyncio.TimerHandle] = []
+
+        def check() -> None:
+            left = seconds - (loop.time() - start - (lag.blocked() - blocked))
+            if left <= 0:
+                cm.reschedule(loop.time())  # expires now: the call is cancelled, TimeoutError raised
+            else:
+                handles.append(loop.call_later(left, check))
+
+        handles.append(loop.call_later(seconds, check))
+        try:
+            yield
+        finally:
+            handles[-1].cancel()
 
 
 def backing_off(store: Store) -> bool:
@@ -48,6 +106,14 @@ class GuardedStore:
         self.failures = 0  # 0: closed; else failed attempts in a row (the first one, then probes)
         self.open_until = 0.0  # monotonic time before which every call fails fast
         self.probing = False  # a probe is in flight: the others fail fast meanwhile
+        self._lag: LoopLag | None = None
+
+    def _deadline(self, seconds: float) -> Any:
+        """The deadline of one call (store_deadline), with this loop's lag monitor (started on first use)."""
+        loop = asyncio.get_running_loop()
+        if self._lag is None or self._lag.loop is not loop or self._lag.task.done():
+            self._lag = LoopLag(loop)
+        return store_deadline(self._lag, seconds)
 
     @property
     def degraded(self) -> bool:
@@ -63,7 +129,7 @@ class GuardedStore:
         async def guarded(*args: Any, **kwargs: Any) -> Any:
             probe = self._admit(name)
             try:
-                async with asyncio.timeout(timeout):
+                async with self._deadline(timeout):
                     result = await attr(*args, **kwargs)
             except TimeoutError as exc:
                 self._failed(probe, name)
@@ -104,7 +170,7 @@ class GuardedStore:
 
     async def ping(self) -> bool:
         try:
-            async with asyncio.timeout(self.timeout):
+            async with self._deadline(self.timeout):
                 ok = await self.inner.ping()
         except TimeoutError:
             return False
@@ -113,6 +179,8 @@ class GuardedStore:
         return ok
 
     async def close(self) -> None:
+        if self._lag is not None:
+            self._lag.task.cancel()
         try:
             async with asyncio.timeout(self.timeout):
                 await self.inner.close()

@@ -310,6 +310,8 @@ class TokenCounter:
         if not isinstance(part, Mapping):
             return self._n(enc, _json_text(part))
         kind = part.get("type")
+        if not isinstance(kind, str):  # a list or an object: not looked up, counted as JSON
+            return self._n(enc, _json_text(part))
         if kind in _TEXT_PART_TYPES and isinstance(part.get("text"), str):
             return self._n(enc, part["text"])
         if kind == "refusal" and isinstance(part.get("refusal"), str):

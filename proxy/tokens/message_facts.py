@@ -14,8 +14,9 @@ lifetime, so an id can never be reused by another object meanwhile; lists are
 recognised by the identity of every object in them, so a list changed in place
 is never taken for the one it was.
 
-Big messages are hashed and counted off the event loop (`prepare`, before the
-transforms ask; proxy/offloop.py); small ones where they are asked for, inline.
+The messages new to a request are hashed and counted off the event loop (`prepare`,
+before the transforms ask; proxy/offloop.py) unless all of them together are
+light; light ones where they are asked for, inline.
 """
 
 from __future__ import annotations
@@ -58,11 +59,18 @@ def chars_of(obj: Any) -> int:
     return n
 
 
-def _facts_of(messages: Sequence[Message], digests: Sequence[bytes | None], model: str | None,
-              counts: bool) -> tuple[list[bytes], list[int] | None]:
-    """Digests (the known ones kept) and, with `counts`, token counts of messages: a job for the pool."""
-    out = [d if d is not None else message_digest(m) for m, d in zip(messages, digests)]
-    return out, default_counter.message_counts(messages, model, out) if counts else None
+def _facts_job(messages: Sequence[Message], digests: Sequence[bytes | None], start: int, model: str | None,
+               counts: bool) -> tuple[int, list[bytes], list[int] | None]:
+    """A job for the pool: from `start`, messages up to about offloop.JOB_CHARS characters (one at least)
+    and offloop.JOB_ITEMS messages; where it ended, their digests (the known ones kept) and, with
+    `counts`, their token counts."""
+    end, size, limit = start, 0, min(len(messages), start + offloop.JOB_ITEMS)
+    while end < limit and (end == start or size < offloop.JOB_CHARS):
+        size += chars_of(messages[end])
+        end += 1
+    job = messages[start:end]
+    out = [d if d is not None else message_digest(m) for m, d in zip(job, digests[start:end])]
+    return end, out, default_counter.message_counts(job, model, out) if counts else None
 
 
 def _spliced(base: Sequence[Any], at: Sequence[int], items: Sequence[Any]) -> list[Any]:
@@ -100,25 +108,29 @@ class MessageFacts:
         return self._count_list((message,))[0]
 
     async def prepare(self, messages: Sequence[Message], counts: bool) -> None:
-        """Digests (and with `counts`, token counts) of the big messages among these not known yet, computed
-        off the event loop, in jobs of about offloop.JOB_CHARS awaited one by one; small ones are left for
-        when they are asked for (inline, where a thread hop would cost more than the work)."""
+        """Digests (and with `counts`, token counts) of these messages not known yet, computed off the event
+        loop unless all of them together are light (offloop.is_light: then they are left for when they are
+        asked for, inline, where a thread hop would cost more than the work).
+
+        Decided by the total, not per message: 100,000 messages of 150 characters are as much work as one
+        of 15 MB. The work goes in jobs of at most offloop.JOB_CHARS characters and offloop.JOB_ITEMS
+        messages, awaited one by one, so the jobs of concurrent requests interleave and what the loop
+        merges of each answer is a short step.
+        """
         known = self._counts if counts else self._digests
         todo = list(compress(messages, map(operator.is_, map(known.get, map(id, messages)), repeat(None))))
-        big = [(m, n) for m in todo if (n := chars_of(m)) >= offloop.INLINE_CHARS]
-        while big:
-            size, j = 0, 0
-            while j < len(big) and (j == 0 or size + big[j][1] <= offloop.JOB_CHARS):
-                size += big[j][1]
-                j += 1
-            job, big = [m for m, _ in big[:j]], big[j:]
-            digests, got = await offloop.run(_facts_of, job, list(map(self._digests.get, map(id, job))),
-                                             self._model(), counts)
-            for m, d in zip(job, digests):
-                if self._digests.setdefault(id(m), d) is d:
-                    self._alive.append(m)
+        if not todo or offloop.is_light(todo):
+            return
+        digests = list(map(self._digests.get, map(id, todo)))
+        model, start = self._model(), 0
+        while start < len(todo):
+            end, got_digests, got = await offloop.run(_facts_job, todo, digests, start, model, counts)
+            ids = list(map(id, todo[start:end]))
+            self._digests.update(zip(ids, got_digests))
+            self._alive.append(todo[start:end])  # their ids are keys now: hold them
             if got is not None:
-                self._counts.update(zip(map(id, job), got))
+                self._counts.update(zip(ids, got))
+            start = end
 
     def digests(self, messages: Sequence[Message]) -> list[bytes]:
         """The digest of each message; only messages not seen before are hashed."""

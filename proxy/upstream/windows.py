@@ -11,11 +11,14 @@ first overflow says "maximum context length is N tokens". The proxy records N
 retries once; the client sees a normal answer.
 
 What is learned shrinks later requests, so it is learned carefully:
-- only from a genuine context-length error: the provider's own error code or
-  type (OpenAI's `context_length_exceeded`, llama.cpp's
-  `exceed_context_size_error`) or a message that *starts* with the provider's
-  wording. A phrase somewhere inside a message may be the client's own text
-  echoed back, and is never believed;
+- only from a genuine context-length error: the provider's own numbers
+  (llama.cpp's `n_ctx` beside its `exceed_context_size_error`) or a message
+  that *starts* with the provider's wording (OpenAI's and vLLM's "maximum
+  context length is N tokens", Anthropic's two), whatever the error's code.
+  A phrase somewhere inside a message may be the client's own text echoed
+  back (a field's value quoted in "Invalid value for ..."), and is never
+  believed, in any wording and for any API: the rule is applied before any
+  wording is looked for;
 - only when N is below the prompt that was rejected (the size the error states,
   else the proxy's own count with room for another tokenizer);
 - per tenant, route and model: one tenant cannot shrink another's requests;
@@ -73,7 +76,6 @@ def context_window(settings: Settings, model: str | None, route_default: int) ->
 TTL_S = 24 * 3600.0  # how long a learned window holds
 _CODES = frozenset({"context_length_exceeded"})
 _TYPES = frozenset({"exceed_context_size_error"})  # llama.cpp's server
-_LIMIT = re.compile(r"maximum context length is ([\d,]+) tokens", re.IGNORECASE)
 # The provider's own opening words (OpenAI, vLLM, and the servers that copy them).
 _OPENING = re.compile(r"(?:this model's )?maximum context length is ([\d,]+) tokens", re.IGNORECASE)
 _REQUESTED = re.compile(r"(?:you requested|resulted in) ([\d,]+) tokens", re.IGNORECASE)
@@ -88,6 +90,11 @@ _MAX_KNOWN = 10_000  # in-process entries before the cache is dropped and re-rea
 
 def _int(text: str) -> int:
     return int(text.replace(",", ""))
+
+
+def _hashable_in(value: Any, known: frozenset[str]) -> bool:
+    """`value in known` for a value from the provider's JSON, which may be a list or an object."""
+    return isinstance(value, str) and value in known
 
 
 def _error_of(content: bytes) -> dict[str, Any] | None:
@@ -109,17 +116,16 @@ def overflow_limit(content: bytes, sent_tokens: int, reserve: int = 0) -> int | 
     if err is None:
         return None
     raw_message = err.get("message")
-    message = raw_message if isinstance(raw_message, str) else ""
+    # Only the message's opening is the provider's own wording: every pattern is matched there, never searched.
+    message = raw_message.lstrip() if isinstance(raw_message, str) else ""
     if (anthropic := _anthropic_limit(message, sent_tokens, reserve)) is not None:
         return anthropic
     limit: int | None = None
-    if err.get("code") in _CODES or err.get("type") in _TYPES:
-        n_ctx = err.get("n_ctx")
+    n_ctx = err.get("n_ctx")
+    if _hashable_in(err.get("code"), _CODES) or _hashable_in(err.get("type"), _TYPES):
         if isinstance(n_ctx, int) and not isinstance(n_ctx, bool):
             limit = n_ctx
-        elif m := _LIMIT.search(message):
-            limit = _int(m.group(1))
-    elif m := _OPENING.match(message.lstrip()):
+    if limit is None and (m := _OPENING.match(message)):
         limit = _int(m.group(1))
     if limit is None or limit <= 0:
         return None
@@ -139,12 +145,12 @@ def _anthropic_limit(message: str, sent_tokens: int, reserve: int) -> int | None
     scaled by how our count of the rejected prompt compares with the provider's (else a window learned in the
     provider's tokens would never be below the prompt as we count it, and the retry would be rejected again)."""
     ours = sent_tokens - reserve
-    if m := _ANTHROPIC.search(message):  # the prompt alone is over the window
+    if m := _ANTHROPIC.match(message):  # the prompt alone is over the window
         theirs, window = _int(m.group(1)), _int(m.group(2))
         if theirs <= window or theirs <= 0 or ours <= 0:
             return None
         return max(1, window * ours // theirs)
-    if m := _ANTHROPIC_BUDGET.search(message):  # the prompt and max_tokens are: the budget is not tokenized
+    if m := _ANTHROPIC_BUDGET.match(message):  # the prompt and max_tokens are: the budget is not tokenized
         theirs, budget, window = _int(m.group(1)), _int(m.group(2)), _int(m.group(3))
         if theirs + budget <= window or theirs <= 0 or ours <= 0 or window <= budget:
             return None

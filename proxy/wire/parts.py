@@ -12,7 +12,10 @@ from typing import Any
 
 
 def _is_text(part: Any, types: frozenset[str] | None) -> bool:
-    return isinstance(part, dict) and isinstance(part.get("text"), str) and (types is None or part.get("type") in types)
+    if not (isinstance(part, dict) and isinstance(part.get("text"), str)):
+        return False
+    kind = part.get("type")  # from the client: a list or an object cannot be looked up in `types`
+    return types is None or (isinstance(kind, str) and kind in types)
 
 
 def texts(content: Any, types: frozenset[str] | None) -> list[str]:

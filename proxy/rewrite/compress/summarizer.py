@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from proxy import offloop
 from proxy.config import UpstreamSettings
 from proxy.rewrite.compress.history import Message, text_of
 from proxy.tokens.counter import default_counter
@@ -214,7 +215,9 @@ async def _send(target: SummarizerTarget, items: list[Message], tools: list[Any]
 async def summarize(target: SummarizerTarget, span: Sequence[Message],
                     facts: Sequence[str] = ()) -> tuple[str, list[dict[str, Any]]]:
     """The model-written part of a summary and the usage of each call; raises SummarizerError."""
-    transcript = fit_transcript(target.wire, span, target.max_input_tokens, target.model)
+    # A transcript of thousands of messages is seconds of Python: off the event loop (proxy/offloop.py).
+    transcript = await offloop.run_unless_light(span, fit_transcript, target.wire, span, target.max_input_tokens,
+                                                target.model)
     wrapped = f"<transcript>\n{transcript}\n</transcript>"
 
     async def run() -> tuple[str, list[dict[str, Any]]]:

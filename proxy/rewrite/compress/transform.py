@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
+from proxy import offloop
 from proxy.logs import event
 from proxy.lru import LRU
 from proxy.request import Conversation, RequestContext
@@ -172,7 +173,8 @@ class Compress:
             if after >= before:  # nothing to gain: forward as is rather than break the cache for nothing
                 return view
             cut = new.raw_index(new.kept)
-            await log.write(view.version + 1, cut, chain(digests, cut)[-1], layer, new.messages[:new.kept])
+            upto = await offloop.run_unless_light(digests[:cut], chain, digests, cut)  # a hash per message
+            await log.write(view.version + 1, cut, upto[-1], layer, new.messages[:new.kept])
             new.version = view.version + 1
             conv.events.append(Compacted(layer, before, after, detail))
             event("compacted", request_id=ctx.request_id, session=ctx.session, layer=layer, tokens_before=before,
@@ -246,8 +248,9 @@ class Compress:
                 await ctx.store.put(log.breaker, b"1", ttl=s.breaker_cooldown)
         if n and sum(layer1.counts) + fixed <= room:  # over target but with room: forward without a summary
             return layer1, "clear", {"cleared": n, "fallback": True, **why}
-        handle = content_handle("span", render(wire, span))
-        await archive.put_text(handle, render(wire, span))
+        full = await offloop.run_unless_light(span, render, wire, span)
+        handle = content_handle("span", full)
+        await archive.put_text(handle, full)
         text = (f"{PLACEHOLDER_MARK} {len(span)} earlier messages ({sum(counts[h:t]):,} tokens) were archived to "
                 f"fit the context window and could not be summarized. Read them with {read_call(tool, handle)}]")
         bare = with_tail(msgs[:h] + [wire.message("user", text)],
@@ -255,7 +258,8 @@ class Compress:
         # The identifiers of what was archived go with it, as under a summary, where there is room for them:
         # without them a later summary cannot know the names the archived messages (or their summary) held.
         room_left = min(ctx.window * s.identifiers_max_share, room - sum(bare.counts) - fixed)
-        listing = self._identifier_listing(wire, span, model, room_left) if room_left > 0 else ""
+        listing = await offloop.run_unless_light(span, self._identifier_listing, wire, span, model, room_left) \
+            if room_left > 0 else ""
         if not listing:
             return bare, "archive", {"archived": len(span), **why}
         note = wire.message("user", text + "\n" + listing)
@@ -315,7 +319,7 @@ class Compress:
         """
         s, model, wire = self.settings, conv.model, conv.wire
         span = view.messages[h:t]
-        full = render(wire, span)
+        full = await offloop.run_unless_light(span, render, wire, span)
         handle = content_handle("span", full)
         (known,) = await archive.decisions("summary", [handle])
         if known is not None:
@@ -339,7 +343,8 @@ class Compress:
         if problem is not None:
             raise SummaryRejected(problem, usage)
         await archive.put_text(handle, full)
-        listing = self._identifier_listing(wire, span, model, ctx.window * s.identifiers_max_share)
+        listing = await offloop.run_unless_light(span, self._identifier_listing, wire, span, model,
+                                                 ctx.window * s.identifiers_max_share)
         message = wire.message("user", (
             f"{SUMMARY_OPEN}\n{PLACEHOLDER_MARK} {len(span)} earlier messages ({tokens:,} tokens) were compacted "
             f"into this summary; the full transcript: {read_call(tool, handle)}]\n\n{text}\n{listing}\n"

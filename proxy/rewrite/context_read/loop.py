@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import orjson
 
+from proxy import offloop
 from proxy.request import Conversation, ReadTool
 from proxy.rewrite.context_read.tool import answer
 from proxy.store.archive import Archive
@@ -70,9 +71,8 @@ class ReadLoop:
         results = [self.conv.wire.result(c.id, await answer(self.archive, c.arguments, self.tool.max_chars))
                    for c in reply.ours]
         new = [*reply.items, *results]
-        try:
-            body = self.shape.continued(dict(self.conv.body), [*self.messages, *new], new, reply)
-            payload = self.conv.style.dumps(body)
+        try:  # the whole conversation again: written on the pool when it is big (proxy/offloop.py)
+            payload = await offloop.run_if(len(self.conv.raw), self._encode, new, reply)
         except (TypeError, ValueError, RecursionError):  # e.g. a call's input nested past what JSON writers take
             return None
         usage = parse_usage(reply.usage)
@@ -81,6 +81,9 @@ class ReadLoop:
         self.messages += new
         self.done += 1
         return payload
+
+    def _encode(self, new: list[Item], reply: Reply) -> bytes:
+        return self.conv.style.dumps(self.shape.continued(dict(self.conv.body), [*self.messages, *new], new, reply))
 
     def _summed(self, final: Any) -> Any:
         """The final answer's usage with every hidden round's added, in the provider's own spelling."""

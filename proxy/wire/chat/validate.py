@@ -81,7 +81,10 @@ def _messages_valid(messages: list[Any]) -> bool:
     contents = list(map(get, messages, repeat("content")))
     if _types(contents) - _TYPES_CONTENT:
         return False
-    if _types(chain.from_iterable(_of_type(contents, list))) - _TYPES_PART:
+    parts = list(chain.from_iterable(_of_type(contents, list)))
+    if _types(parts) - _TYPES_PART:
+        return False
+    if _types(map(get, _of_type(parts, dict), repeat("type"))) - _TYPES_OPTIONAL_STR:
         return False
     if _types(map(get, messages, repeat("tool_call_id"))) - _TYPES_OPTIONAL_STR:
         return False
@@ -131,6 +134,8 @@ def check_chat_body(body: Any, messages_too: bool = True) -> None:
             for j, part in enumerate(content):
                 if not isinstance(part, (dict, str)):
                     raise BadRequest(f"{where}.content[{j}] must be an object", param=f"{where}.content[{j}]")
+                if isinstance(part, dict) and part.get("type") is not None and not isinstance(part["type"], str):
+                    raise BadRequest(f"{where}.content[{j}].type must be a string", param=f"{where}.content[{j}].type")
         if m.get("tool_call_id") is not None and not isinstance(m["tool_call_id"], str):
             raise BadRequest(f"{where}.tool_call_id must be a string", param=f"{where}.tool_call_id")
         calls = m.get("tool_calls")

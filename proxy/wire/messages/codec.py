@@ -236,7 +236,8 @@ class Messages(OpenAIBody):
         if not isinstance(content, list) or not content:
             return None
         last = content[-1]
-        if not isinstance(last, dict) or last.get("type") in _UNMARKABLE or last.get("text") == "":
+        if not isinstance(last, dict) or not isinstance(last.get("type"), str) or last["type"] in _UNMARKABLE \
+                or last.get("text") == "":
             return None
         return {**item, "content": [*content[:-1], {**last, "cache_control": mark(ttl)}]}
 

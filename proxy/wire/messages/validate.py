@@ -75,6 +75,9 @@ def _check_messages(messages: Any) -> None:
                 if not isinstance(b, dict) or not isinstance(b.get("type"), str):
                     raise BadRequest(f"messages.{i}.content.{j}.type: Field required",
                                      param=f"messages.{i}.content.{j}.type")
+                if b["type"] == "tool_result" and not isinstance(b.get("tool_use_id"), str):  # paired by it
+                    raise BadRequest(f"messages.{i}.content.{j}.tool_use_id: Input should be a valid string",
+                                     param=f"messages.{i}.content.{j}.tool_use_id")
                 blocks.append((i, j, b))
         elif not isinstance(content, str):
             raise BadRequest(f"messages.{i}.content: Input should be a valid string or a list of content blocks",

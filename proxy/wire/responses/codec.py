@@ -30,9 +30,12 @@ _OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
 
-def _kind(item: Item) -> Any:
+def _kind(item: Item) -> str | None:
+    """The item's type (a message may omit it); None for none, or one that is not a string (never looked up)."""
     kind = item.get("type")
-    return "message" if kind is None and "role" in item else kind
+    if kind is None:
+        return "message" if "role" in item else None
+    return kind if isinstance(kind, str) else None
 
 
 def _texts(content: Any) -> list[str]:

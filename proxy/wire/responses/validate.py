@@ -83,15 +83,15 @@ _ANY: set[str] = set()  # the provider holds earlier items: any call id may be a
 def _known_calls(body: dict[str, Any], items: list[Any]) -> set[str]:
     if body.get("previous_response_id") or body.get("conversation"):
         return _ANY
-    if any(isinstance(it, dict) and it.get("type") == "item_reference" for it in items):
+    if any(isinstance(it, dict) and it.get("type") == "item_reference" for it in items):  # == needs no hash
         return _ANY
-    return {it["call_id"] for it in items if isinstance(it, dict) and it.get("type") in _CALLS
-            and isinstance(it.get("call_id"), str)}
+    return {it["call_id"] for it in items if isinstance(it, dict) and isinstance(it.get("type"), str)
+            and it["type"] in _CALLS and isinstance(it.get("call_id"), str)}
 
 
 def _check_message(item: dict[str, Any], where: str) -> None:
     role = item.get("role")
-    if role not in _MESSAGE_ROLES:
+    if not isinstance(role, str) or role not in _MESSAGE_ROLES:  # a list or an object cannot be looked up
         raise BadRequest(f"{where}.role must be one of {', '.join(sorted(_MESSAGE_ROLES))}", param=f"{where}.role")
     content = item.get("content")
     if not isinstance(content, (str, list)):
@@ -99,3 +99,5 @@ def _check_message(item: dict[str, Any], where: str) -> None:
     for j, part in enumerate(content if isinstance(content, list) else ()):
         if not isinstance(part, dict):
             raise BadRequest(f"{where}.content[{j}] must be an object", param=f"{where}.content[{j}]")
+        if not isinstance(part.get("type", ""), str):  # the codec looks its type up among the text parts
+            raise BadRequest(f"{where}.content[{j}].type must be a string", param=f"{where}.content[{j}].type")
