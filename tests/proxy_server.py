@@ -1,17 +1,42 @@
-"""Run the real proxy app under uvicorn on a free loopback port, as users run it."""
+"""The real proxy app, in process over ASGI (InProcessProxy) or under uvicorn on a loopback port (ProxyServer).
+
+Most tests need the app, not a socket: InProcessProxy runs the app's own lifespan on an
+event loop of its own (a thread, as a server's loop would be) and hands out httpx clients,
+and clients of the official SDKs, whose transport is httpx.ASGITransport on that loop. No
+port, no uvicorn, no HTTP parsing. Background work of the app (accounting, summaries)
+goes on between a test's requests exactly as it does in a server.
+
+ProxyServer is kept for the tests whose subject is the transport itself: uvicorn's limits
+(slow bodies, header deadlines, connection caps), client disconnects, chunk timing,
+`ctxproxy stats --url` in a subprocess, and the dashboard in a browser. Both classes offer
+the same helpers (post, get, request, stream, openai(), anthropic(), ...), so a test
+reads the same whichever one it runs against.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import gc
 import socket
 import threading
 import time
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import anthropic
+import httpx
+import openai
 import uvicorn
 
 from proxy.app import create_app
 from proxy.config import Settings, build_settings
 from proxy.http.server import uvicorn_options
+
+# A request that gets no answer within this long from the in-process app fails its test
+# (the per-test timeout is longer; this one names the request that hung).
+BRIDGE_TIMEOUT_S = 120.0
 
 
 def make_settings(upstream_url: str, store: str, env: dict[str, str] | None = None, **raw: Any) -> Settings:
@@ -22,10 +47,240 @@ def make_settings(upstream_url: str, store: str, env: dict[str, str] | None = No
     return build_settings(cfg, env=env or {})
 
 
-class ProxyServer:
-    """`with ProxyServer(settings) as p:` → p.url is `http://127.0.0.1:PORT`."""
+class _Clients:
+    """httpx and SDK clients bound to a proxy; every client made here is closed with the proxy."""
+
+    url: str
+
+    def __init__(self) -> None:
+        self._closers: list[Any] = []
+        self._client: httpx.Client | None = None
+
+    # -- transports (None: a real socket to self.url) ------------------------------------------------------
+    def sync_transport(self) -> httpx.BaseTransport | None:
+        return None
+
+    def async_transport(self) -> httpx.AsyncBaseTransport | None:
+        return None
+
+    # -- httpx ---------------------------------------------------------------------------------------------
+    def http_client(self, **kw: Any) -> httpx.Client:
+        """A sync httpx client whose base_url is the proxy (kw as for httpx.Client)."""
+        kw.setdefault("base_url", self.url)
+        kw.setdefault("timeout", 30)
+        c = httpx.Client(transport=self.sync_transport(), **kw)
+        self._closers.append(c.close)
+        return c
+
+    def async_http_client(self, **kw: Any) -> httpx.AsyncClient:
+        """An async httpx client whose base_url is the proxy; close it in the test (`async with`)."""
+        kw.setdefault("base_url", self.url)
+        kw.setdefault("timeout", 30)
+        return httpx.AsyncClient(transport=self.async_transport(), **kw)
+
+    @property
+    def client(self) -> httpx.Client:
+        """The client behind post/get/request/stream: like httpx.post, it keeps no cookies between requests."""
+        if self._client is None:
+            self._client = self.http_client(cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])))
+        return self._client
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        return self.client.request(method, path, **kw)
+
+    def post(self, path: str, **kw: Any) -> httpx.Response:
+        return self.client.post(path, **kw)
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return self.client.get(path, **kw)
+
+    def stream(self, method: str, path: str, **kw: Any) -> Any:
+        return self.client.stream(method, path, **kw)
+
+    # -- SDKs ----------------------------------------------------------------------------------------------
+    def openai(self, path: str = "/v1", *, http_client: httpx.Client | None = None, **kw: Any) -> openai.OpenAI:
+        kw.setdefault("max_retries", 0)
+        kw.setdefault("api_key", "sk-test")
+        return openai.OpenAI(base_url=self.url + path, http_client=http_client or self.http_client(), **kw)
+
+    def async_openai(self, path: str = "/v1", **kw: Any) -> openai.AsyncOpenAI:
+        kw.setdefault("max_retries", 0)
+        kw.setdefault("api_key", "sk-test")
+        hc = kw.pop("http_client", None) or self.async_http_client()
+        return openai.AsyncOpenAI(base_url=self.url + path, http_client=hc, **kw)
+
+    def anthropic(self, path: str = "", **kw: Any) -> anthropic.Anthropic:
+        kw.setdefault("max_retries", 0)
+        hc = kw.pop("http_client", None) or self.http_client()
+        return anthropic.Anthropic(base_url=self.url + path, http_client=hc, **kw)
+
+    def async_anthropic(self, path: str = "", **kw: Any) -> anthropic.AsyncAnthropic:
+        kw.setdefault("max_retries", 0)
+        hc = kw.pop("http_client", None) or self.async_http_client()
+        return anthropic.AsyncAnthropic(base_url=self.url + path, http_client=hc, **kw)
+
+    def _close_clients(self) -> None:
+        while self._closers:
+            self._closers.pop()()
+        self._client = None
+
+
+class _Chunks(httpx.AsyncByteStream):
+    """A request body replayed chunk by chunk, as the client sent it (declared or chunked)."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self._chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for c in self._chunks:
+            yield c
+
+
+class _SyncBridge(httpx.BaseTransport):
+    def __init__(self, proxy: InProcessProxy) -> None:
+        self._proxy = proxy
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        chunks = [bytes(c) for c in request.stream]  # type: ignore[union-attr]
+        fut = self._proxy.submit(self._proxy.forward(request, chunks))
+        try:
+            status, headers, body = fut.result(timeout=BRIDGE_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise httpx.ReadTimeout(f"the in-process proxy did not answer {request.method} {request.url.path} "
+                                    f"within {BRIDGE_TIMEOUT_S:g} s", request=request) from None
+        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body), request=request)
+
+
+class _AsyncBridge(httpx.AsyncBaseTransport):
+    def __init__(self, proxy: InProcessProxy) -> None:
+        self._proxy = proxy
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        chunks = [bytes(c) async for c in request.stream]  # type: ignore[union-attr]
+        fut = self._proxy.submit(self._proxy.forward(request, chunks))
+        try:
+            status, headers, body = await asyncio.wait_for(asyncio.wrap_future(fut), BRIDGE_TIMEOUT_S)
+        except TimeoutError:
+            raise httpx.ReadTimeout(f"the in-process proxy did not answer {request.method} {request.url.path} "
+                                    f"within {BRIDGE_TIMEOUT_S:g} s", request=request) from None
+        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body), request=request)
+
+
+class InProcessProxy(_Clients):
+    """`with InProcessProxy(settings) as p:` → the app started (its lifespan run), served over ASGI.
+
+    p.url is a name, not a socket: reach the app through p.post/get/stream/client/openai()/anthropic().
+    Responses arrive whole (ASGITransport buffers a stream): a test of chunk timing or of a client
+    going away uses ProxyServer.
+    """
+
+    url = "http://ctxproxy.test"
 
     def __init__(self, settings: Settings) -> None:
+        super().__init__()
+        self.settings = settings
+        self.app = create_app(settings)
+        self._asgi = httpx.ASGITransport(app=self.app, raise_app_exceptions=False)  # a 500, as a server sends
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping: asyncio.Event | None = None
+        self._failure: BaseException | None = None
+
+    @property
+    def state(self) -> Any:
+        return self.app.state.proxy
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "proxy not started"
+        return self._loop
+
+    def sync_transport(self) -> httpx.BaseTransport:
+        return _SyncBridge(self)
+
+    def async_transport(self) -> httpx.AsyncBaseTransport:
+        return _AsyncBridge(self)
+
+    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        """Run a coroutine on the app's loop (where its store, locks and upstream client live)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, coro: Any, timeout: float = 60) -> Any:
+        """Run a coroutine on the app's loop and wait for its result."""
+        return self.submit(coro).result(timeout=timeout)
+
+    async def forward(self, request: httpx.Request, chunks: list[bytes]) -> tuple[int, Any, bytes]:
+        inner = httpx.Request(request.method, request.url, headers=request.headers, stream=_Chunks(chunks),
+                              extensions=request.extensions)
+        resp = await self._asgi.handle_async_request(inner)
+        body = b"".join([c async for c in resp.stream])  # type: ignore[union-attr]
+        return resp.status_code, resp.headers.raw, body
+
+    def start(self) -> str:
+        started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, args=(started,), name="ctxproxy-app", daemon=True)
+        self._thread.start()
+        started.result(timeout=60)
+        return self.url
+
+    def _run(self, started: concurrent.futures.Future[None]) -> None:
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve(started))
+            # What the app left running (a request of a test that gave up on it) ends with the loop.
+            rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in rest:
+                t.cancel()
+            if rest:
+                loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+    async def _serve(self, started: concurrent.futures.Future[None]) -> None:
+        self._stopping = asyncio.Event()
+        try:
+            async with self.app.router.lifespan_context(self.app):
+                started.set_result(None)
+                await self._stopping.wait()
+        except BaseException as e:  # noqa: BLE001 - start-up or shutdown failure, re-raised in the test
+            if not started.done():
+                started.set_exception(e)
+            else:
+                self._failure = e
+
+    def stop(self) -> None:
+        self._close_clients()
+        if self._thread is None or self._loop is None:
+            return
+        if self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join(timeout=30)
+        alive = self._thread.is_alive()
+        self._thread = None
+        # The lifespan gc.freeze()s every object alive at start-up; a test's garbage must not stay frozen.
+        gc.unfreeze()
+        if alive:
+            raise RuntimeError("the in-process proxy did not shut down within 30 s")
+        if self._failure is not None:
+            raise self._failure
+
+    def __enter__(self) -> InProcessProxy:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ProxyServer(_Clients):
+    """`with ProxyServer(settings) as p:` → p.url is `http://127.0.0.1:PORT`, served by uvicorn as users run it."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__()
         self.settings = settings
         self.app = create_app(settings)
         self.url = ""
@@ -56,9 +311,11 @@ class ProxyServer:
         return self.url
 
     def stop(self) -> None:
+        self._close_clients()
         if self._server and self._thread:
             self._server.should_exit = True
             self._thread.join(timeout=10)
+            gc.unfreeze()  # as InProcessProxy.stop
 
     def __enter__(self) -> ProxyServer:
         self.start()
@@ -66,3 +323,10 @@ class ProxyServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def serve(settings: Settings, real: bool = False) -> Iterator[InProcessProxy | ProxyServer]:
+    """A started proxy for a `with`-less fixture: in process unless `real`."""
+    p: InProcessProxy | ProxyServer = ProxyServer(settings) if real else InProcessProxy(settings)
+    with p:
+        yield p
