@@ -21,8 +21,8 @@ import gc
 import socket
 import threading
 import time
-from http.cookiejar import CookieJar, DefaultCookiePolicy
 from collections.abc import AsyncIterator, Iterator
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import anthropic

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 
 KEY = "sk-event-loop"
 HEALTHZ_WORST_S = 0.5
@@ -32,14 +32,14 @@ def history(tool_text: str) -> list[dict]:
             {"role": "tool", "tool_call_id": "call_1", "content": tool_text}]
 
 
-def post(proxy: ProxyServer, messages: list[dict]) -> httpx.Response:
+def post(proxy: InProcessProxy, messages: list[dict]) -> httpx.Response:
     body = json.dumps({"model": "gpt-4o", "messages": messages}).encode()
-    return httpx.post(proxy.url + "/v1/chat/completions", content=body, timeout=120,
+    return proxy.post("/v1/chat/completions", content=body, timeout=120,
                       headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"})
 
 
 @contextlib.contextmanager
-def healthz_polled(proxy: ProxyServer) -> Iterator[list[float]]:
+def healthz_polled(proxy: InProcessProxy) -> Iterator[list[float]]:
     """Polls /healthz every 10 ms while the block runs; yields the latencies (filled when it ends)."""
     latencies: list[float] = []
     stop = threading.Event()
@@ -66,17 +66,12 @@ def sent(upstream) -> list[dict]:
     return json.loads(upstream.requests[-1].body)["messages"]
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    """Built-in defaults (tool results offloaded over 20k tokens)."""
-    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db")) as p:
-        yield p
 
 
 @pytest.fixture
 def small_proxy(upstream, tmp_path):
     """Offloads over 2,000 tokens, so a modest log is stored and readable back."""
-    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
+    with InProcessProxy(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
                                    defaults={"offload": {"tool_result_tokens": 2000}})) as p:
         yield p
 
@@ -102,13 +97,13 @@ def test_a_10mb_result_of_ten_million_lines_does_not_stall_healthz(proxy, upstre
     assert "7,500,000 lines" in sent(upstream)[3]["content"]
 
 
-def stored(proxy: ProxyServer, upstream, text: str) -> str:
+def stored(proxy: InProcessProxy, upstream, text: str) -> str:
     """Offload `text` through the proxy; its handle."""
     assert post(proxy, history(text)).status_code == 200
     return HANDLE.search(sent(upstream)[3]["content"]).group(1)
 
 
-def read_back(proxy: ProxyServer, upstream, text: str, *calls: dict) -> list[str]:
+def read_back(proxy: InProcessProxy, upstream, text: str, *calls: dict) -> list[str]:
     """The model calls context_read with each of `calls`, one round each; the answers it got."""
     upstream.script(*({"tool_calls": [{"name": "context_read", "arguments": c}]} for c in calls), "done")
     out = post(proxy, history(text))

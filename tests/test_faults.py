@@ -29,7 +29,7 @@ import httpx
 import openai
 import orjson
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 from silent_server import SilentServer
 
 import proxy.store.guarded as guarded
@@ -191,12 +191,12 @@ def faulty(upstream, tmp_path) -> Iterator[Callable[[Callable[[socket.socket], N
     """`faulty(behave)` → a proxy whose route `broken` goes to a RawUpstream; `default` goes to the mock."""
     stack = contextlib.ExitStack()
 
-    def make(behave: Callable[[socket.socket], None], **raw: Any) -> ProxyServer:
+    def make(behave: Callable[[socket.socket], None], **raw: Any) -> InProcessProxy:
         raw_up = stack.enter_context(RawUpstream(behave))
         settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
                                  routes=[{"name": "broken", "upstream": {"base_url": raw_up.base_url,
                                                                           "read_timeout": 5}}], **raw)
-        p = stack.enter_context(ProxyServer(settings))
+        p = stack.enter_context(InProcessProxy(settings))
         p.raw = raw_up  # type: ignore[attr-defined]
         return p
 
@@ -204,8 +204,8 @@ def faulty(upstream, tmp_path) -> Iterator[Callable[[Callable[[socket.socket], N
         yield make
 
 
-def keeps_serving(p: ProxyServer, upstream) -> None:
-    assert httpx.get(p.url + "/healthz", timeout=5).status_code == 200
+def keeps_serving(p: InProcessProxy, upstream) -> None:
+    assert p.get("/healthz", timeout=5).status_code == 200
     upstream.script("still here")
     r = chat(p.url, {"model": "m", "messages": HI})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "still here"
@@ -219,7 +219,7 @@ def test_provider_5xx_reaches_the_client_unchanged(upstream, tmp_path, status, s
     body = {"error": {"message": f"The server had an error ({status})", "type": "server_error",
                       "param": None, "code": None}}
     raw = json.dumps(body).encode()
-    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db")) as p:
+    with InProcessProxy(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db")) as p:
         upstream.fail_next(status, raw, {"x-upstream-marker": "m1"})
         r = chat(p.url, {"model": "m", "messages": HI, "stream": stream})
         assert r.status_code == status
@@ -227,7 +227,7 @@ def test_provider_5xx_reaches_the_client_unchanged(upstream, tmp_path, status, s
         assert r.headers["x-upstream-marker"] == "m1"
         # The SDK sees the provider's own error, not a proxy-made one.
         upstream.fail_next(status, raw)
-        sdk = openai.OpenAI(base_url=p.url + "/v1", api_key=KEY, max_retries=0, timeout=10)
+        sdk = p.openai("/v1", api_key=KEY, max_retries=0, timeout=10)
         with pytest.raises(openai.APIStatusError) as exc:
             out = sdk.chat.completions.create(model="m", messages=HI, stream=stream)
             if stream:
@@ -249,7 +249,7 @@ def test_provider_dropping_the_connection_is_a_clean_502(faulty, upstream, behav
         err = assert_openai_error(r, 502, "upstream_unreachable")
         assert err["type"] == "upstream_error" and f"127.0.0.1:{p.raw.port}" in err["message"]
     # Passthrough endpoints too.
-    assert_openai_error(httpx.get(p.url + "/r/broken/v1/models", headers=AUTH, timeout=10), 502, "upstream_unreachable")
+    assert_openai_error(p.get("/r/broken/v1/models", headers=AUTH, timeout=10), 502, "upstream_unreachable")
     keeps_serving(p, upstream)
 
 
@@ -265,7 +265,7 @@ def _sse_data(text: str) -> list[Any]:
 def test_stream_cut_mid_way_ends_with_an_sse_error_event(faulty, upstream):
     p = faulty(sse_two_chunks_then_close)
     t0 = time.monotonic()
-    with httpx.stream("POST", p.url + "/r/broken/v1/chat/completions", headers=AUTH, timeout=10,
+    with p.stream("POST", "/r/broken/v1/chat/completions", headers=AUTH, timeout=10,
                       json={"model": "m", "messages": HI, "stream": True}) as r:
         assert r.status_code == 200
         text = r.read().decode()
@@ -277,7 +277,7 @@ def test_stream_cut_mid_way_ends_with_an_sse_error_event(faulty, upstream):
     assert isinstance(last, dict) and set(last["error"]) >= {"message", "type", "code"}
     assert last["error"]["code"] == "upstream_unreachable"
     # With the SDK: the two chunks arrive, then an APIError.
-    sdk = openai.OpenAI(base_url=p.url + "/r/broken/v1", api_key=KEY, max_retries=0, timeout=10)
+    sdk = p.openai("/r/broken/v1", api_key=KEY, max_retries=0, timeout=10)
     got = []
     with pytest.raises(openai.APIError):
         for chunk in sdk.chat.completions.create(model="m", messages=HI, stream=True):
@@ -288,7 +288,7 @@ def test_stream_cut_mid_way_ends_with_an_sse_error_event(faulty, upstream):
 
 def test_stream_ending_without_done_is_reported_to_the_client(faulty, upstream):
     p = faulty(sse_two_chunks_then_eof)
-    with httpx.stream("POST", p.url + "/r/broken/v1/chat/completions", headers=AUTH, timeout=10,
+    with p.stream("POST", "/r/broken/v1/chat/completions", headers=AUTH, timeout=10,
                       json={"model": "m", "messages": HI, "stream": True}) as r:
         text = r.read().decode()
     events = _sse_data(text)
@@ -349,7 +349,7 @@ OFFLOAD = {"offload": {"tool_result_tokens": 300}}
 def test_request_rejected_after_parsing_writes_nothing(upstream, tmp_path):
     """Extends test_rejected_requests_store_nothing: valid JSON that would be offloaded, rejected for other reasons."""
     url = f"sqlite:///{tmp_path}/ctx.db"
-    with ProxyServer(make_settings(upstream.base_url, url, defaults=OFFLOAD)) as p:
+    with InProcessProxy(make_settings(upstream.base_url, url, defaults=OFFLOAD)) as p:
         msgs = big_tool_history("rejected")
         assert chat(p.url, {"model": "m", "messages": msgs, "stream": "yes"}).status_code == 400
         assert chat(p.url, {"model": "m", "messages": msgs}, {"x-session-id": "x" * 500}).status_code == 400
@@ -377,25 +377,25 @@ def test_provider_failure_after_the_pipeline_is_recorded_as_that_failure(faulty,
     assert entry["prompt"] is None and entry["completion"] is None  # no usage invented
     assert entry["offloaded"] == 1  # the pipeline did run
     # The metrics say the same.
-    metrics = httpx.get(p.url + "/metrics", timeout=5).text
+    metrics = p.get("/metrics", timeout=5).text
     assert re.search(r'ctxproxy_requests_total\{[^}]*route="broken"[^}]*status="502"\} 1\.0', metrics), metrics
     assert not re.search(r'ctxproxy_requests_total\{[^}]*route="broken"[^}]*status="200"\}', metrics)
 
     # A provider that cannot be reached at all: whatever is stored must not claim success.
-    with ProxyServer(make_settings("http://127.0.0.1:1/v1", url, defaults=OFFLOAD)) as dead:
+    with InProcessProxy(make_settings("http://127.0.0.1:1/v1", url, defaults=OFFLOAD)) as dead:
         r = chat(dead.url, {"model": "m", "messages": big_tool_history("t2")}, {"x-session-id": "sess-gone"})
         assert_openai_error(r, 502, "upstream_unreachable")
         time.sleep(0.3)
         assert all(e["status"] == 502 for e in _timeline(url, "sess-gone"))
-        assert 'status="200"' not in httpx.get(dead.url + "/metrics", timeout=5).text
+        assert 'status="200"' not in dead.get("/metrics", timeout=5).text
 
 
 def test_unreachable_provider_is_counted_as_a_failed_request(tmp_path):
     url = f"sqlite:///{tmp_path}/ctx.db"
-    with ProxyServer(make_settings("http://127.0.0.1:1/v1", url)) as dead:
+    with InProcessProxy(make_settings("http://127.0.0.1:1/v1", url)) as dead:
         r = chat(dead.url, {"model": "m", "messages": HI}, {"x-session-id": "sess-down"})
         assert_openai_error(r, 502, "upstream_unreachable")
-        metrics = httpx.get(dead.url + "/metrics", timeout=5).text
+        metrics = dead.get("/metrics", timeout=5).text
         timeline = _wait_for(lambda: _timeline(url, "sess-down"), timeout=1.0)
     assert re.search(r'ctxproxy_requests_total\{[^}]*status="502"\} 1\.0', metrics), metrics
     assert [e["status"] for e in timeline] == [502]
@@ -446,7 +446,7 @@ def test_store_outage_forwards_unmodified_fast_and_recovers(upstream, tmp_path, 
     redis.start()
     try:
         settings = make_settings(upstream.base_url, f"redis://127.0.0.1:{redis.port}/0", defaults=OFFLOAD)
-        with ProxyServer(settings) as p, httpx.Client(base_url=p.url, headers=AUTH, timeout=10) as c:
+        with InProcessProxy(settings) as p, p.http_client(headers=AUTH, timeout=10) as c:
             n = iter(range(1000))
 
             def ask() -> tuple[httpx.Response, bytes, float]:
@@ -492,7 +492,7 @@ def test_store_that_accepts_connections_but_never_answers_costs_milliseconds(ups
     """Redis behind a relay that swallows every command: no 5-10 s stalls, every request says it is degraded."""
     with SilentServer() as silent:
         settings = make_settings(upstream.base_url, silent.url, defaults=OFFLOAD)
-        with ProxyServer(settings) as p, httpx.Client(base_url=p.url, headers=AUTH, timeout=30) as c:
+        with InProcessProxy(settings) as p, p.http_client(headers=AUTH, timeout=30) as c:
 
             def ask(body: dict[str, Any]) -> tuple[httpx.Response, bytes, float]:
                 raw = orjson.dumps(body)

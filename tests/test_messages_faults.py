@@ -25,7 +25,7 @@ import anthropic
 import httpx
 import orjson
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 from silent_server import SilentServer
 from test_faults import (
     RawUpstream,
@@ -126,18 +126,15 @@ def big_tool_turns(tag: str, lines: int = 400) -> list[dict[str, Any]]:
                                          {"type": "text", "text": "What failed?"}]}]
 
 
-def keeps_serving(p: ProxyServer, upstream: Any) -> None:
-    assert httpx.get(p.url + "/healthz", timeout=5).status_code == 200
+def keeps_serving(p: InProcessProxy, upstream: Any) -> None:
+    assert p.get("/healthz", timeout=5).status_code == 200
     upstream.script("still here")
     r = post(p.url, ask())
     assert r.status_code == 200, r.text
     assert r.json()["content"][0]["text"] == "still here"
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db", defaults=OFFLOAD)) as p:
-        yield p
+pytestmark = pytest.mark.proxy_config(defaults=OFFLOAD)
 
 
 # --------------------------------------------------------------------------- a transform that fails
@@ -153,7 +150,7 @@ def test_a_failing_transform_forwards_the_clients_bytes(proxy, upstream, transfo
     monkeypatch.setattr(target, "restore" if hasattr(target, "restore") else "apply", broken)
     raw = orjson.dumps({**ask(stream, big_tool_turns("contained")), "tools": TOOLS,
                         "system": [{"type": "text", "text": "You are a coding agent."}]})
-    r = httpx.post(proxy.url + "/v1/messages", content=raw, headers={**AUTH, "content-type": "application/json"},
+    r = proxy.post("/v1/messages", content=raw, headers={**AUTH, "content-type": "application/json"},
                    timeout=10)
     assert r.status_code == 200, r.text
     assert r.headers["x-ctxproxy-degraded"] == transform
@@ -163,7 +160,7 @@ def test_a_failing_transform_forwards_the_clients_bytes(proxy, upstream, transfo
         assert frames(r.content)[-1][0] == "message_stop" and text_of(r.content) == "ok"
     else:
         assert r.json()["content"] == [{"type": "text", "text": "ok"}]
-    metrics = httpx.get(proxy.url + "/metrics").text
+    metrics = proxy.get("/metrics").text
     assert any(line.startswith("ctxproxy_degraded_requests_total{") and line.endswith(" 1.0")
                for line in metrics.splitlines()), metrics[:2000]
 
@@ -178,7 +175,7 @@ def test_a_failing_transform_on_count_tokens_counts_the_clients_bytes(proxy, ups
     monkeypatch.setattr(target, "apply", broken)
     body = {"model": MODEL, "messages": big_tool_turns("counted"), "tools": TOOLS}
     raw = orjson.dumps(body)
-    r = httpx.post(proxy.url + "/v1/messages/count_tokens", content=raw,
+    r = proxy.post("/v1/messages/count_tokens", content=raw,
                    headers={**AUTH, "content-type": "application/json"}, timeout=10)
     assert r.status_code == 200, r.text
     assert upstream.requests[-1].body == raw
@@ -204,7 +201,7 @@ def test_provider_5xx_and_overloaded_reach_the_client_unchanged(upstream, tmp_pa
     raw = json.dumps({"type": "error", "error": {"type": type_, "message": message},
                       "request_id": "req_011CXYZ"}).encode()
     body = ask(stream, **({"tools": TOOLS} if with_tools else {}))
-    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db")) as p:
+    with InProcessProxy(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db")) as p:
         upstream.fail_next(status, raw, {"request-id": "req_011CXYZ", "x-should-retry": "true"})
         r = post(p.url, body)
         assert r.status_code == status
@@ -297,12 +294,12 @@ def faulty(upstream, tmp_path) -> Iterator[Callable[..., ProxyServer]]:
     """`faulty(behave)` → a proxy whose route `broken` goes to a RawUpstream; `default` goes to the mock."""
     stack = contextlib.ExitStack()
 
-    def make(behave: Callable[[socket.socket], None], **raw: Any) -> ProxyServer:
+    def make(behave: Callable[[socket.socket], None], **raw: Any) -> InProcessProxy:
         raw_up = stack.enter_context(RawUpstream(behave))
         settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
                                  routes=[{"name": "broken", "upstream": {"base_url": raw_up.base_url,
                                                                           "read_timeout": 5}}], **raw)
-        p = stack.enter_context(ProxyServer(settings))
+        p = stack.enter_context(InProcessProxy(settings))
         p.raw = raw_up  # type: ignore[attr-defined]
         return p
 
@@ -335,7 +332,7 @@ def test_stream_cut_mid_way_ends_with_one_anthropic_error_event(faulty, upstream
     p = faulty(lambda conn: sse_then(conn, TWO_WORDS, "reset"))
     body = ask(True, **({"tools": TOOLS} if with_tools else {}))
     t0 = time.monotonic()
-    with httpx.stream("POST", p.url + "/r/broken/v1/messages", headers=AUTH, json=body, timeout=10) as r:
+    with p.stream("POST", "/r/broken/v1/messages", headers=AUTH, json=body, timeout=10) as r:
         assert r.status_code == 200
         raw = r.read()
     assert time.monotonic() - t0 < 5
@@ -384,7 +381,7 @@ def test_other_apis_streams_cut_mid_event_end_with_an_error_event_that_parses(fa
     p = faulty(lambda conn: sse_then(conn, sent, "end"))
     body = ({"model": "m", "messages": HI, "stream": True} if "chat" in path
             else {"model": "m", "input": "hi", "stream": True})
-    r = httpx.post(p.url + path, json=body, headers={"authorization": f"Bearer {KEY}", "x-ctx-route": "broken"},
+    r = p.post(path, json=body, headers={"authorization": f"Bearer {KEY}", "x-ctx-route": "broken"},
                    timeout=10)
     assert r.status_code == 200
     assert r.content.startswith(event % b"Hello"), r.content
@@ -404,7 +401,7 @@ def test_stream_of_a_whole_message_from_a_raw_provider_passes_byte_for_byte(faul
 # --------------------------------------------------------------------------- a dead or slow provider
 
 def test_unreachable_provider_is_an_anthropic_502(tmp_path):
-    with ProxyServer(make_settings("http://127.0.0.1:1/v1", f"sqlite:///{tmp_path}/ctx.db")) as p:
+    with InProcessProxy(make_settings("http://127.0.0.1:1/v1", f"sqlite:///{tmp_path}/ctx.db")) as p:
         for stream in (False, True):
             with pytest.raises(anthropic.InternalServerError) as exc:
                 out = sdk(p.url).messages.create(**ask(stream))
@@ -419,7 +416,7 @@ def test_unreachable_provider_is_an_anthropic_502(tmp_path):
 
 def test_slow_provider_is_an_anthropic_504_and_a_stalled_stream_ends_with_an_error_event(upstream, tmp_path):
     settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db", upstream={"read_timeout": 0.3})
-    with ProxyServer(settings) as p:
+    with InProcessProxy(settings) as p:
         upstream.delay = 1.0
         assert_anthropic_error(post(p.url, ask()), 504, "api_error")
         upstream.delay, upstream.chunk_delay = 0.0, 1.0
@@ -464,7 +461,7 @@ def test_slow_provider_is_an_anthropic_504_and_a_stalled_stream_ends_with_an_err
     b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "system": 5}',
 ])
 def test_malformed_messages_bodies_get_an_anthropic_400_and_nothing_reaches_the_provider(proxy, upstream, body):
-    r = httpx.post(proxy.url + "/v1/messages", content=body, headers=AUTH)
+    r = proxy.post("/v1/messages", content=body, headers=AUTH)
     assert_anthropic_error(r, 400, "invalid_request_error")
     with contextlib.suppress(ValueError):
         parsed = json.loads(body)
@@ -472,16 +469,16 @@ def test_malformed_messages_bodies_get_an_anthropic_400_and_nothing_reaches_the_
             with pytest.raises(anthropic.BadRequestError):
                 sdk(proxy.url).post("/v1/messages", body=parsed, cast_to=httpx.Response)
     assert upstream.requests == []
-    assert httpx.get(proxy.url + "/healthz").status_code == 200
+    assert proxy.get("/healthz").status_code == 200
 
 
 def test_oversized_messages_body_is_an_anthropic_413(upstream, tmp_path):
     settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db", server={"max_body_bytes": 4096})
-    with ProxyServer(settings) as p:
+    with InProcessProxy(settings) as p:
         big = orjson.dumps(ask(messages=[{"role": "user", "content": "x" * 5000}]))
         for path in ("/v1/messages", "/v1/messages/count_tokens"):
-            assert_anthropic_error(httpx.post(p.url + path, content=big, headers=AUTH), 413, "request_too_large")
-            chunked = httpx.post(p.url + path, content=iter([big[:2000], big[2000:]]), headers=AUTH)
+            assert_anthropic_error(p.post(path, content=big, headers=AUTH), 413, "request_too_large")
+            chunked = p.post(path, content=iter([big[:2000], big[2000:]]), headers=AUTH)
             assert_anthropic_error(chunked, 413, "request_too_large")
     assert upstream.requests == []
 
@@ -495,7 +492,7 @@ def test_unknown_route_for_a_messages_client_is_anthropic_shaped(proxy, upstream
 def test_a_route_whose_upstream_speaks_openai_refuses_a_messages_client_in_anthropics_shape(upstream, tmp_path):
     settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
                              routes=[{"name": "oai", "upstream": {"base_url": upstream.base_url, "api": "openai"}}])
-    with ProxyServer(settings) as p:
+    with InProcessProxy(settings) as p:
         err = assert_anthropic_error(post(p.url, ask(), path="/r/oai/v1/messages"), 400, "invalid_request_error")
         assert "Anthropic Messages API" in err["message"]
     assert upstream.requests == []
@@ -503,7 +500,7 @@ def test_a_route_whose_upstream_speaks_openai_refuses_a_messages_client_in_anthr
 
 def test_rejected_messages_requests_store_nothing(upstream, tmp_path):
     url = f"sqlite:///{tmp_path}/ctx.db"
-    with ProxyServer(make_settings(upstream.base_url, url, defaults=OFFLOAD)) as p:
+    with InProcessProxy(make_settings(upstream.base_url, url, defaults=OFFLOAD)) as p:
         turns = big_tool_turns("rejected")  # would be offloaded, were it not refused
         for body in ({**ask(messages=turns), "stream": "yes"}, {**ask(messages=turns), "max_tokens": 0},
                      ask(messages=[turns[0], turns[2]]), ask(messages=[*turns, {"role": "system", "content": "x"}])):
@@ -525,7 +522,7 @@ def test_a_cut_stream_is_counted_as_a_failed_request(faulty, upstream):
     p = faulty(lambda conn: sse_then(conn, TWO_WORDS + delta_text(" again")[:-12], "end"))
     r = post(p.url, ask(True), {"x-ctx-route": "broken"})
     assert_one_error_event_at_the_end(r.content)
-    metrics = httpx.get(p.url + "/metrics", timeout=5).text
+    metrics = p.get("/metrics", timeout=5).text
     assert re.search(r'ctxproxy_requests_total\{[^}]*route="broken"[^}]*status="502"\} 1\.0', metrics), metrics
     assert not re.search(r'ctxproxy_requests_total\{[^}]*route="broken"[^}]*status="200"\}', metrics)
 
@@ -538,7 +535,7 @@ def test_store_outage_forwards_messages_unmodified_and_recovers(upstream, tmp_pa
     redis.start()
     try:
         settings = make_settings(upstream.base_url, f"redis://127.0.0.1:{redis.port}/0", defaults=OFFLOAD)
-        with ProxyServer(settings) as p, httpx.Client(base_url=p.url, headers=AUTH, timeout=10) as c:
+        with InProcessProxy(settings) as p, p.http_client(headers=AUTH, timeout=10) as c:
             n = iter(range(1000))
 
             def send(stream: bool = False) -> tuple[httpx.Response, bytes, float]:
@@ -579,7 +576,7 @@ def test_store_outage_forwards_messages_unmodified_and_recovers(upstream, tmp_pa
 def test_store_that_never_answers_forwards_messages_unmodified_in_milliseconds(upstream):
     with SilentServer() as silent:
         settings = make_settings(upstream.base_url, silent.url, defaults=OFFLOAD)
-        with ProxyServer(settings) as p, httpx.Client(base_url=p.url, headers=AUTH, timeout=30) as c:
+        with InProcessProxy(settings) as p, p.http_client(headers=AUTH, timeout=30) as c:
             for i in range(6):
                 raw = orjson.dumps({**ask(bool(i % 2), big_tool_turns(f"silent{i}")), "tools": TOOLS})
                 t0 = time.monotonic()

@@ -11,7 +11,7 @@ import time
 import uuid
 
 import httpx
-from proxy_server import ProxyServer
+from proxy_server import InProcessProxy
 from test_compress import SUMMARY, agent_run, chat_requests, is_summary_call, post, responder, settings
 
 SLOW = 3.0  # seconds every summary call takes
@@ -40,7 +40,7 @@ def wait_for_summaries(upstream, timeout: float = 4 * SLOW) -> None:
     time.sleep(0.3)
 
 
-def run_turns(proxies: list[ProxyServer], upstream, key: str, paced: bool) -> list[tuple[httpx.Response, float, int]]:
+def run_turns(proxies: list[InProcessProxy], upstream, key: str, paced: bool) -> list[tuple[httpx.Response, float, int]]:
     """Each turn sends the history so far (ending with a tool result), round robin over `proxies`.
 
     Returns (response, seconds it took, len(upstream.requests) before it was sent) per turn."""
@@ -63,7 +63,7 @@ def crossing(turns: list[tuple[httpx.Response, float, int]]) -> list[int]:
 def test_the_crossing_request_does_not_wait_for_the_summary(upstream, tmp_path):
     """With precompute the compacting request is served at once; without, it waits the summary call out."""
     slow_summaries(upstream)
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/on.db", min_clear_tokens=100_000)) as p:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/on.db", min_clear_tokens=100_000)) as p:
         on = run_turns([p], upstream, "sk-on", paced=True)
     (n,) = crossing(on)
     r, took, before = on[n]
@@ -76,7 +76,7 @@ def test_the_crossing_request_does_not_wait_for_the_summary(upstream, tmp_path):
 
     upstream.reset()
     slow_summaries(upstream)
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/off.db", min_clear_tokens=100_000,
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/off.db", min_clear_tokens=100_000,
                               precompute=None)) as p:
         off = run_turns([p], upstream, "sk-off", paced=True)
     (n,) = crossing(off)
@@ -90,7 +90,7 @@ def test_the_crossing_request_does_not_wait_for_the_summary(upstream, tmp_path):
 def test_one_summary_call_per_compaction(upstream, tmp_path):
     """The crossing request uses the precomputed summary: no second, foreground call for the same compaction."""
     slow_summaries(upstream)
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
         run, sent = agent_run(24), []
         for i in range(4, len(run) + 1, 2):
             sent.append(len(upstream.requests))
@@ -113,15 +113,15 @@ def test_two_replicas_send_the_same_bytes_as_one_proxy(upstream, tmp_path):
     that summary instead of writing its own, so what goes upstream does not depend on which replica served
     which turn, nor on how fast the background call was (the replicas' client does not pace its turns)."""
     slow_summaries(upstream)
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/one.db", min_clear_tokens=100_000)) as p:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/one.db", min_clear_tokens=100_000)) as p:
         one = run_turns([p], upstream, f"sk-{uuid.uuid4()}", paced=True)
     one_bodies = [r.body for r in chat_requests(upstream)]
     assert len(summary_calls(upstream)) == 1 and summary_calls(upstream)[0] < one[crossing(one)[0]][2]
 
     upstream.reset()
     slow_summaries(upstream)
-    with ProxyServer(settings(upstream, REDIS, min_clear_tokens=100_000)) as p1, \
-            ProxyServer(settings(upstream, REDIS, min_clear_tokens=100_000)) as p2:
+    with InProcessProxy(settings(upstream, REDIS, min_clear_tokens=100_000)) as p1, \
+            InProcessProxy(settings(upstream, REDIS, min_clear_tokens=100_000)) as p2:
         two = run_turns([p1, p2], upstream, f"sk-{uuid.uuid4()}", paced=False)
     (n,) = crossing(two)
     assert two[n][0].headers["x-ctxproxy-compacted"] == "summary"
@@ -134,7 +134,7 @@ def test_a_rejected_precompute_trips_the_breaker_and_the_crossing_request_falls_
     without a slow summary call of its own: at once when the agent paced its turns, after waiting out the one
     background call (not two) when it did not."""
     slow_summaries(upstream, answer="ok")
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/p.db", min_clear_tokens=100_000)) as p:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/p.db", min_clear_tokens=100_000)) as p:
         turns = run_turns([p], upstream, "sk-rejected-paced", paced=True)
     (n,) = crossing(turns)
     r, took, before = turns[n]
@@ -144,7 +144,7 @@ def test_a_rejected_precompute_trips_the_breaker_and_the_crossing_request_falls_
 
     upstream.reset()
     slow_summaries(upstream, answer="ok")
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/u.db", min_clear_tokens=100_000)) as p:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/u.db", min_clear_tokens=100_000)) as p:
         turns = run_turns([p], upstream, "sk-rejected-unpaced", paced=False)
     (n,) = crossing(turns)
     r, took, _ = turns[n]
