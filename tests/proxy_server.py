@@ -186,6 +186,7 @@ class InProcessProxy(_Clients):
         self._thread: threading.Thread | None = None
         self._stopping: asyncio.Event | None = None
         self._failure: BaseException | None = None
+        self._main: asyncio.Task[Any] | None = None
 
     @property
     def state(self) -> Any:
@@ -205,6 +206,17 @@ class InProcessProxy(_Clients):
     def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
         """Run a coroutine on the app's loop (where its store, locks and upstream client live)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def settle(self, timeout: float = 30) -> None:
+        """Wait until the app has no work left on its loop (background summaries, accounting writes)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            busy = [t for t in asyncio.all_tasks(self.loop) if t is not self._main and not t.done()]
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the proxy still had {len(busy)} task(s) running after {timeout:g} s: {busy}")
+            time.sleep(0.01)
 
     def call(self, coro: Any, timeout: float = 60) -> Any:
         """Run a coroutine on the app's loop and wait for its result."""
@@ -242,6 +254,7 @@ class InProcessProxy(_Clients):
 
     async def _serve(self, started: concurrent.futures.Future[None]) -> None:
         self._stopping = asyncio.Event()
+        self._main = asyncio.current_task()
         try:
             async with self.app.router.lifespan_context(self.app):
                 started.set_result(None)

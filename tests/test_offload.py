@@ -96,7 +96,7 @@ def test_offload_without_client_tools_still_gives_the_model_the_read_tool(proxy,
 def test_plain_chat_without_tools_is_forwarded_byte_for_byte(proxy, upstream):
     sent = []
     c = proxy.openai("/v1", api_key=KEY, max_retries=0,
-                      http_client=httpx.Client(event_hooks={"request": [sent.append]}))
+                     http_client=proxy.http_client(event_hooks={"request": [sent.append]}))
     c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     assert upstream.requests[-1].body == sent[-1].content
 
