@@ -100,8 +100,8 @@ def body(stream: bool) -> dict[str, Any]:
             "stream": stream}
 
 
-def send(p: InProcessProxy, stream: bool, url: str | None = None) -> httpx.Response:
-    return httpx.post((url or p.url) + "/v1/messages", json=body(stream), headers=AUTH, timeout=20)
+def send(p: InProcessProxy, stream: bool) -> httpx.Response:
+    return p.post("/v1/messages", json=body(stream), headers=AUTH, timeout=20)
 
 
 def learn_handle(p: InProcessProxy, upstream: MockUpstream) -> str:

@@ -64,9 +64,9 @@ READ_REPLY = dumps(calling([READ]))
 
 
 
-def chat(p: InProcessProxy, stream: bool, url: str | None = None) -> httpx.Response:
+def chat(p: InProcessProxy, stream: bool) -> httpx.Response:
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "stream": stream}
-    return httpx.post((url or p.url + "/v1") + "/chat/completions", json=body, headers=AUTH, timeout=20)
+    return p.post("/v1/chat/completions", json=body, headers=AUTH, timeout=20)
 
 
 def events(body: bytes) -> list[Any]:

@@ -13,7 +13,7 @@ import textwrap
 
 import httpx
 import pytest
-from proxy_server import InProcessProxy, make_settings
+from proxy_server import InProcessProxy, ProxyServer, make_settings
 from test_compress import agent_run
 from test_offload import HANDLE, TOOLS, big_log, history, offload_config, sent_messages
 
@@ -191,6 +191,7 @@ def _raw_request(url: str, target: str) -> int:
 
 @pytest.mark.parametrize("prefix", ["/v1/models", "/r/default/v1/"])
 @pytest.mark.parametrize("bad", ["%00", "%09", "%7f", "%1b", "a%00b/c"])
+@pytest.mark.proxy_config(real=True)  # the raw request line is the subject: a client library would not send it
 def test_control_characters_in_the_path_get_400(proxy, upstream, prefix, bad):
     assert _raw_request(proxy.url, prefix + bad) == 400
     assert upstream.requests == []
@@ -222,7 +223,7 @@ def keyed(upstream, tmp_path, monkeypatch):
     cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/k.db",
                         routes=[{"name": "team", "upstream": {"base_url": upstream.base_url,
                                                               "api_key_env": "CTX_TEST_ROUTE_KEY"}}])
-    with InProcessProxy(cfg) as p:
+    with ProxyServer(cfg) as p:  # raw request lines (a client library normalises dot segments): a real server
         yield p
 
 
