@@ -4,17 +4,29 @@
 # ============================================================================
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
+import httpx._config
+import httpx._transports.default
 import pytest
 from mock_upstream import MockUpstream
 from proxy_server import InProcessProxy, ProxyServer, make_settings
 
 from proxy.config import Settings
+
+
+# Every httpx client (the proxy's upstream client, its aiohttp transports, each test's clients) builds an
+# SSL context, and building one reads the whole CA bundle (~80 ms): the suite builds thousands, none of
+# them used (every upstream is plain HTTP on loopback). One context per set of arguments serves them all.
+_create_ssl_context = functools.lru_cache(maxsize=None)(httpx._config.create_ssl_context)
+httpx.create_ssl_context = _create_ssl_context
+httpx._transports.default.create_ssl_context = _create_ssl_context  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import socket
 import threading
@@ -30,6 +31,7 @@ import httpx
 import openai
 import uvicorn
 
+import proxy.app
 from proxy.app import create_app
 from proxy.config import Settings, build_settings
 from proxy.http.server import uvicorn_options
@@ -167,6 +169,48 @@ class _AsyncBridge(httpx.AsyncBaseTransport):
         return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body), request=request)
 
 
+_GC_LOCK = threading.Lock()
+
+
+class _NoFullCollection:
+    """proxy.app's `gc` while an in-process app starts: no gc.collect() + gc.freeze().
+
+    In a server they run once per process. In the suite they would run for every test's proxy: a full
+    collection of the whole test process each time (~0.3 s), and a freeze that keeps every object then
+    alive, the test's own, out of the collector for good (the suite's memory grew to 2 GB). A real
+    server (ProxyServer, `ctxproxy serve`) still runs them.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(gc, name)
+
+    @staticmethod
+    def collect(*_: Any) -> int:
+        return 0
+
+    @staticmethod
+    def freeze() -> None:
+        return None
+
+
+@contextlib.asynccontextmanager
+async def _lifespan_without_gc_freeze(app: Any) -> AsyncIterator[None]:
+    ctx = app.router.lifespan_context(app)
+    with _GC_LOCK:  # start-up runs to its first await without yielding: the swap is seen by this app only
+        proxy.app.gc = _NoFullCollection()  # type: ignore[attr-defined]
+        try:
+            await ctx.__aenter__()
+        finally:
+            proxy.app.gc = gc  # type: ignore[attr-defined]
+    try:
+        yield
+    except BaseException as e:
+        if not await ctx.__aexit__(type(e), e, e.__traceback__):
+            raise
+    else:
+        await ctx.__aexit__(None, None, None)
+
+
 class InProcessProxy(_Clients):
     """`with InProcessProxy(settings) as p:` → the app started (its lifespan run), served over ASGI.
 
@@ -256,7 +300,7 @@ class InProcessProxy(_Clients):
         self._stopping = asyncio.Event()
         self._main = asyncio.current_task()
         try:
-            async with self.app.router.lifespan_context(self.app):
+            async with _lifespan_without_gc_freeze(self.app):
                 started.set_result(None)
                 await self._stopping.wait()
         except BaseException as e:  # noqa: BLE001 - start-up or shutdown failure, re-raised in the test
@@ -274,8 +318,6 @@ class InProcessProxy(_Clients):
         self._thread.join(timeout=30)
         alive = self._thread.is_alive()
         self._thread = None
-        # The lifespan gc.freeze()s every object alive at start-up; a test's garbage must not stay frozen.
-        gc.unfreeze()
         if alive:
             raise RuntimeError("the in-process proxy did not shut down within 30 s")
         if self._failure is not None:
