@@ -20,7 +20,6 @@ from proxy_server import InProcessProxy, ProxyServer, make_settings
 
 from proxy.config import Settings
 
-
 # Every httpx client (the proxy's upstream client, its aiohttp transports, each test's clients) builds an
 # SSL context, and building one reads the whole CA bundle (~80 ms): the suite builds thousands, none of
 # them used (every upstream is plain HTTP on loopback). One context per set of arguments serves them all.

@@ -28,6 +28,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import httpx2
 import openai
 import uvicorn
 
@@ -59,26 +60,26 @@ class _Clients:
         self._client: httpx.Client | None = None
 
     # -- transports (None: a real socket to self.url) ------------------------------------------------------
-    def sync_transport(self) -> httpx.BaseTransport | None:
+    def sync_transport(self, lib: Any = httpx) -> Any:
         return None
 
-    def async_transport(self) -> httpx.AsyncBaseTransport | None:
+    def async_transport(self, lib: Any = httpx) -> Any:
         return None
 
     # -- httpx ---------------------------------------------------------------------------------------------
-    def http_client(self, **kw: Any) -> httpx.Client:
-        """A sync httpx client whose base_url is the proxy (kw as for httpx.Client)."""
+    def http_client(self, lib: Any = httpx, **kw: Any) -> Any:
+        """A sync client of `lib` (httpx; httpx2 for the anthropic SDK) whose base_url is the proxy."""
         kw.setdefault("base_url", self.url)
         kw.setdefault("timeout", 30)
-        c = httpx.Client(transport=self.sync_transport(), **kw)
+        c = lib.Client(transport=self.sync_transport(lib), **kw)
         self._closers.append(c.close)
         return c
 
-    def async_http_client(self, **kw: Any) -> httpx.AsyncClient:
-        """An async httpx client whose base_url is the proxy; close it in the test (`async with`)."""
+    def async_http_client(self, lib: Any = httpx, **kw: Any) -> Any:
+        """An async client of `lib` whose base_url is the proxy; close it in the test (`async with`)."""
         kw.setdefault("base_url", self.url)
         kw.setdefault("timeout", 30)
-        return httpx.AsyncClient(transport=self.async_transport(), **kw)
+        return lib.AsyncClient(transport=self.async_transport(lib), **kw)
 
     @property
     def client(self) -> httpx.Client:
@@ -113,12 +114,12 @@ class _Clients:
 
     def anthropic(self, path: str = "", **kw: Any) -> anthropic.Anthropic:
         kw.setdefault("max_retries", 0)
-        hc = kw.pop("http_client", None) or self.http_client()
+        hc = kw.pop("http_client", None) or self.http_client(httpx2)
         return anthropic.Anthropic(base_url=self.url + path, http_client=hc, **kw)
 
     def async_anthropic(self, path: str = "", **kw: Any) -> anthropic.AsyncAnthropic:
         kw.setdefault("max_retries", 0)
-        hc = kw.pop("http_client", None) or self.async_http_client()
+        hc = kw.pop("http_client", None) or self.async_http_client(httpx2)
         return anthropic.AsyncAnthropic(base_url=self.url + path, http_client=hc, **kw)
 
     def _close_clients(self) -> None:
@@ -138,35 +139,42 @@ class _Chunks(httpx.AsyncByteStream):
             yield c
 
 
-class _SyncBridge(httpx.BaseTransport):
-    def __init__(self, proxy: InProcessProxy) -> None:
-        self._proxy = proxy
+def _timed_out(lib: Any, request: Any) -> Exception:
+    return lib.ReadTimeout(f"the in-process proxy did not answer {request.method} {request.url.path} "
+                           f"within {BRIDGE_TIMEOUT_S:g} s", request=request)
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        chunks = [bytes(c) for c in request.stream]  # type: ignore[union-attr]
-        fut = self._proxy.submit(self._proxy.forward(request, chunks))
+
+class _SyncBridge(httpx.BaseTransport):
+    """A sync transport (of httpx, or of httpx2 for the anthropic SDK) into the app's loop."""
+
+    def __init__(self, proxy: InProcessProxy, lib: Any = httpx) -> None:
+        self._proxy, self._lib = proxy, lib
+
+    def handle_request(self, request: Any) -> Any:
+        chunks = [bytes(c) for c in request.stream]
+        fut = self._proxy.submit(self._proxy.forward(request.method, str(request.url), request.headers.raw, chunks))
         try:
             status, headers, body = fut.result(timeout=BRIDGE_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
             fut.cancel()
-            raise httpx.ReadTimeout(f"the in-process proxy did not answer {request.method} {request.url.path} "
-                                    f"within {BRIDGE_TIMEOUT_S:g} s", request=request) from None
-        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body), request=request)
+            raise _timed_out(self._lib, request) from None
+        return self._lib.Response(status, headers=headers, stream=self._lib.ByteStream(body), request=request)
 
 
 class _AsyncBridge(httpx.AsyncBaseTransport):
-    def __init__(self, proxy: InProcessProxy) -> None:
-        self._proxy = proxy
+    """An async transport, usable from any event loop, into the app's loop."""
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        chunks = [bytes(c) async for c in request.stream]  # type: ignore[union-attr]
-        fut = self._proxy.submit(self._proxy.forward(request, chunks))
+    def __init__(self, proxy: InProcessProxy, lib: Any = httpx) -> None:
+        self._proxy, self._lib = proxy, lib
+
+    async def handle_async_request(self, request: Any) -> Any:
+        chunks = [bytes(c) async for c in request.stream]
+        fut = self._proxy.submit(self._proxy.forward(request.method, str(request.url), request.headers.raw, chunks))
         try:
             status, headers, body = await asyncio.wait_for(asyncio.wrap_future(fut), BRIDGE_TIMEOUT_S)
         except TimeoutError:
-            raise httpx.ReadTimeout(f"the in-process proxy did not answer {request.method} {request.url.path} "
-                                    f"within {BRIDGE_TIMEOUT_S:g} s", request=request) from None
-        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body), request=request)
+            raise _timed_out(self._lib, request) from None
+        return self._lib.Response(status, headers=headers, stream=self._lib.ByteStream(body), request=request)
 
 
 _GC_LOCK = threading.Lock()
@@ -241,11 +249,11 @@ class InProcessProxy(_Clients):
         assert self._loop is not None, "proxy not started"
         return self._loop
 
-    def sync_transport(self) -> httpx.BaseTransport:
-        return _SyncBridge(self)
+    def sync_transport(self, lib: Any = httpx) -> Any:
+        return _SyncBridge(self, lib)
 
-    def async_transport(self) -> httpx.AsyncBaseTransport:
-        return _AsyncBridge(self)
+    def async_transport(self, lib: Any = httpx) -> Any:
+        return _AsyncBridge(self, lib)
 
     def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
         """Run a coroutine on the app's loop (where its store, locks and upstream client live)."""
@@ -266,9 +274,8 @@ class InProcessProxy(_Clients):
         """Run a coroutine on the app's loop and wait for its result."""
         return self.submit(coro).result(timeout=timeout)
 
-    async def forward(self, request: httpx.Request, chunks: list[bytes]) -> tuple[int, Any, bytes]:
-        inner = httpx.Request(request.method, request.url, headers=request.headers, stream=_Chunks(chunks),
-                              extensions=request.extensions)
+    async def forward(self, method: str, url: str, headers: Any, chunks: list[bytes]) -> tuple[int, Any, bytes]:
+        inner = httpx.Request(method, url, headers=headers, stream=_Chunks(chunks))
         resp = await self._asgi.handle_async_request(inner)
         body = b"".join([c async for c in resp.stream])  # type: ignore[union-attr]
         return resp.status_code, resp.headers.raw, body

@@ -229,8 +229,8 @@ def test_concurrent_requests_of_a_session_summarize_once(upstream, tmp_path):
         run = agent_run(24)
 
         async def go() -> list:
-            async with httpx.AsyncClient(timeout=30) as c:
-                return await asyncio.gather(*[c.post(p.url + "/v1/chat/completions",
+            async with p.async_http_client() as c:
+                return await asyncio.gather(*[c.post("/v1/chat/completions",
                                                      headers={"authorization": "Bearer sk-a"},
                                                      json={"model": MODEL, "messages": run, "tools": TOOLS})
                                               for _ in range(3)])
@@ -274,9 +274,9 @@ def test_a_live_holder_keeps_the_lock_past_its_lease_so_nobody_summarizes_twice(
         run = agent_run(24)
 
         async def go() -> list:
-            async with httpx.AsyncClient(timeout=60) as c:
+            async with p.async_http_client(timeout=60) as c:
                 def send() -> Any:
-                    return c.post(p.url + "/v1/chat/completions", headers={"authorization": "Bearer sk-a"},
+                    return c.post("/v1/chat/completions", headers={"authorization": "Bearer sk-a"},
                                   json={"model": MODEL, "messages": run, "tools": TOOLS})
                 first = asyncio.ensure_future(send())
                 await asyncio.sleep(1.0)  # two leases into the first request's summary call

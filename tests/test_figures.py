@@ -54,7 +54,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 def test_crafted_session_has_the_same_figures_everywhere(proxy, upstream):
     key, session = f"sk-{uuid.uuid4().hex[:8]}", f"crafted-{uuid.uuid4().hex[:8]}"
-    run = crafted.drive(proxy.url, upstream, key, session)
+    run = crafted.drive(proxy, upstream, key, session)
     sent = [r.json for r in upstream.requests]
     assert len(sent) == 3  # no summarizer, no read rounds: one upstream call per request
     given = {h for body in sent for m in body["messages"] if m["role"] == "tool"

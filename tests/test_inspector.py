@@ -14,7 +14,7 @@ from pathlib import Path
 import crafted
 import httpx
 import pytest
-from proxy_server import InProcessProxy, make_settings
+from proxy_server import InProcessProxy, ProxyServer, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN = {"x-ctx-admin-token": "s3cret"}
@@ -61,9 +61,9 @@ def check_against_upstream(data: dict, client: list[dict], sent: dict) -> None:
 
 
 def test_inspector_shows_what_was_sent_upstream(upstream, tmp_path):
-    with InProcessProxy(settings(upstream, tmp_path)) as p:
+    with ProxyServer(settings(upstream, tmp_path)) as p:  # `ctxproxy inspect --url` in a subprocess: a socket
         key, session = f"sk-{uuid.uuid4().hex[:8]}", f"insp-{uuid.uuid4().hex[:8]}"
-        agent = crafted.drive_summary(p.url, upstream, key, session)
+        agent = crafted.drive_summary(p, upstream, key, session)
         client = crafted.summary_requests()
         mine = {"authorization": f"Bearer {key}"}
         first, second = (inspect(p, session, n, mine) for n in (1, 2))
@@ -117,9 +117,9 @@ def test_inspector_shows_what_was_sent_upstream(upstream, tmp_path):
 
 def test_log_content_records_the_clients_messages(upstream, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="ctxproxy")
-    with InProcessProxy(settings(upstream, tmp_path, log_content=True)) as p:
+    with ProxyServer(settings(upstream, tmp_path, log_content=True)) as p:  # `ctxproxy inspect --url`: a socket
         key, session = f"sk-{uuid.uuid4().hex[:8]}", f"logged-{uuid.uuid4().hex[:8]}"
-        crafted.drive_summary(p.url, upstream, key, session)
+        crafted.drive_summary(p, upstream, key, session)
         data = inspect(p, session, 2, {"authorization": f"Bearer {key}"}).json()
         printed = cli("--url", p.url, "--api-key", key, "--session", session, "--request", "2")
     client = crafted.summary_requests()

@@ -6,7 +6,6 @@ import json
 import re
 import uuid
 
-import httpx
 import openai
 import pytest
 from proxy_server import InProcessProxy, make_settings

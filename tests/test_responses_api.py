@@ -198,6 +198,7 @@ def test_other_responses_endpoints_pass_through(proxy, upstream):
     assert upstream.requests[-1].path == "/v1/responses/input_tokens" and r.status_code == upstream.requests[-1].status
 
 
+@pytest.mark.proxy_config(real=True)  # a WebSocket upgrade is the transport's business
 def test_a_websocket_upgrade_is_refused_with_a_reason(proxy):
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
@@ -337,7 +338,7 @@ def test_two_replicas_on_redis_rewrite_a_codex_session_into_the_same_bytes(upstr
         for n, k in enumerate(_codex_turns(session, 45)):
             body = {"model": model, "input": session["items"][:k], "tools": session["tools"], "store": False,
                     "prompt_cache_key": "conv-r"}
-            r = httpx.post(proxies[n % len(proxies)].url + "/v1/responses", content=orjson.dumps(body), timeout=60,
+            r = proxies[n % len(proxies)].post("/v1/responses", content=orjson.dumps(body), timeout=60,
                            headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
             assert r.status_code == 200, r.text
         return [re.sub(rb"elapsed: [^\\]+|time: [0-9T:-]+Z", b"", rq.body) for rq in upstream.requests]
