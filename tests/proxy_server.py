@@ -37,8 +37,8 @@ from proxy.app import create_app
 from proxy.config import Settings, build_settings
 from proxy.http.server import uvicorn_options
 
-# A request that gets no answer within this long from the in-process app fails its test
-# (the per-test timeout is longer; this one names the request that hung).
+# A request that gets no answer within its client's read timeout, or this long, fails with
+# httpx.ReadTimeout naming the request that hung.
 BRIDGE_TIMEOUT_S = 120.0
 
 
@@ -139,9 +139,15 @@ class _Chunks(httpx.AsyncByteStream):
             yield c
 
 
+def _deadline(request: Any) -> float:
+    """The client's read timeout, as a bound on the whole answer (httpx's own bounds each read)."""
+    read = (request.extensions.get("timeout") or {}).get("read")
+    return min(read, BRIDGE_TIMEOUT_S) if read else BRIDGE_TIMEOUT_S
+
+
 def _timed_out(lib: Any, request: Any) -> Exception:
     return lib.ReadTimeout(f"the in-process proxy did not answer {request.method} {request.url.path} "
-                           f"within {BRIDGE_TIMEOUT_S:g} s", request=request)
+                           f"within {_deadline(request):g} s", request=request)
 
 
 class _SyncBridge(httpx.BaseTransport):
@@ -154,7 +160,7 @@ class _SyncBridge(httpx.BaseTransport):
         chunks = [bytes(c) for c in request.stream]
         fut = self._proxy.submit(self._proxy.forward(request.method, str(request.url), request.headers.raw, chunks))
         try:
-            status, headers, body = fut.result(timeout=BRIDGE_TIMEOUT_S)
+            status, headers, body = fut.result(timeout=_deadline(request))
         except concurrent.futures.TimeoutError:
             fut.cancel()
             raise _timed_out(self._lib, request) from None
@@ -171,7 +177,7 @@ class _AsyncBridge(httpx.AsyncBaseTransport):
         chunks = [bytes(c) async for c in request.stream]
         fut = self._proxy.submit(self._proxy.forward(request.method, str(request.url), request.headers.raw, chunks))
         try:
-            status, headers, body = await asyncio.wait_for(asyncio.wrap_future(fut), BRIDGE_TIMEOUT_S)
+            status, headers, body = await asyncio.wait_for(asyncio.wrap_future(fut), _deadline(request))
         except TimeoutError:
             raise _timed_out(self._lib, request) from None
         return self._lib.Response(status, headers=headers, stream=self._lib.ByteStream(body), request=request)
