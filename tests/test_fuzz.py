@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mock_upstream import MockUpstream
-from proxy_server import InProcessProxy, make_settings
+from proxy_server import ProxyServer, make_settings
 
 AUTH = {"authorization": "Bearer sk-fuzz"}
 VALID_ROLES = ["system", "developer", "user", "assistant", "tool", "function"]
@@ -109,7 +109,7 @@ class Captured(logging.Filter):
 
 
 class Fuzzed:
-    def __init__(self, proxy: InProcessProxy, mock: MockUpstream, client: httpx.Client, logs: Captured) -> None:
+    def __init__(self, proxy: ProxyServer, mock: MockUpstream, client: httpx.Client, logs: Captured) -> None:
         self.proxy, self.mock, self.client, self.logs = proxy, mock, client, logs
         self.passed_through: dict[int, int] = {}
         self.mock_errors = 0
@@ -179,7 +179,7 @@ def fz(tmp_path_factory) -> Iterator[Fuzzed]:
         cfg = make_settings(mock.base_url, f"sqlite:///{db}", default_context_window=16_000,
                             defaults={"offload": {"tool_result_tokens": 300, "user_message_tokens": 2000},
                                       "compress": {"keep_recent_tokens": 1000, "summary_timeout": 5}})
-        with InProcessProxy(cfg) as p, Captured().diverting("ctxproxy", "uvicorn.error") as logs:
+        with ProxyServer(cfg) as p, Captured().diverting("ctxproxy", "uvicorn.error") as logs:
             fz = Fuzzed(p, mock, p.http_client(timeout=20), logs)
             yield fz
             fz.client.close()
@@ -538,7 +538,7 @@ def test_compaction_that_saves_nothing_is_not_a_500(fz, stream):
     body = {"model": "m", "stream": stream, "messages": [
         {"role": "system", "content": LOG_TEXT}, {"role": "assistant"}, {"role": "system", "content": LOG_TEXT}]}
     headers = {**AUTH, "x-session-id": f"negative-savings-{stream}-{time.time_ns()}"}
-    with fz.http_client(timeout=30) as c:
+    with httpx.Client(base_url=fz.url, timeout=30) as c:
         try:
             r = c.post("/v1/chat/completions", headers=headers, json=body)
         except httpx.RemoteProtocolError as e:

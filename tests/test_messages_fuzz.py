@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mock_upstream import MockUpstream
-from proxy_server import InProcessProxy, make_settings
+from proxy_server import ProxyServer, make_settings
 from test_fuzz import FUZZ, JSON_VALUES, TEXT, Captured, Fuzzed, _nested, huge_text, raw_request
 
 KEY = "sk-ant-fuzz"
@@ -91,7 +91,7 @@ def fz(tmp_path_factory) -> Iterator[MessagesFuzzed]:
         cfg = make_settings(mock.base_url, f"sqlite:///{db}", default_context_window=16_000,
                             defaults={"offload": {"tool_result_tokens": 300, "user_message_tokens": 2000},
                                       "compress": {"keep_recent_tokens": 1000, "summary_timeout": 5}})
-        with InProcessProxy(cfg) as p, Captured().diverting("ctxproxy", "uvicorn.error") as logs:
+        with ProxyServer(cfg) as p, Captured().diverting("ctxproxy", "uvicorn.error") as logs:
             fz = MessagesFuzzed(p, mock, p.http_client(timeout=30), logs)
             yield fz
             fz.client.close()

@@ -15,7 +15,7 @@ from proxy.accounting.metrics import MAX_OTHER_MODELS, ModelLabels
 NAMES = 5_000
 
 
-pytestmark = pytest.mark.proxy_config(models={"my-local-model": {"context_window": 32000}},
+pytestmark = pytest.mark.proxy_config(real=True, models={"my-local-model": {"context_window": 32000}},
                                       routes=[{"name": "coding", "match": {"model": "coder-*"}}])
 
 
