@@ -193,7 +193,7 @@ def truncated_json(conn: socket.socket) -> None:
 
 
 @pytest.fixture
-def faulty(upstream, tmp_path) -> Iterator[Callable[[Callable[[socket.socket], None]], ProxyServer]]:
+def faulty(upstream, tmp_path) -> Iterator[Callable[[Callable[[socket.socket], None]], InProcessProxy]]:
     """`faulty(behave)` → a proxy whose route `broken` goes to a RawUpstream; `default` goes to the mock."""
     stack = contextlib.ExitStack()
 

@@ -296,7 +296,7 @@ def truncated_message(conn: socket.socket) -> None:
 
 
 @pytest.fixture
-def faulty(upstream, tmp_path) -> Iterator[Callable[..., ProxyServer]]:
+def faulty(upstream, tmp_path) -> Iterator[Callable[..., InProcessProxy]]:
     """`faulty(behave)` → a proxy whose route `broken` goes to a RawUpstream; `default` goes to the mock."""
     stack = contextlib.ExitStack()
 
