@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,14 +115,19 @@ def chat_chunks(*, id_: str, created: int, model: str, reply: Reply,
     return out
 
 
-async def sse_stream(events: list[bytes], *, first_delay: float,
-                     chunk_delay: float) -> AsyncIterator[bytes]:
-    """Yield pre-rendered SSE events one by one so the client sees a real stream."""
+async def sse_stream(events: list[bytes], *, first_delay: float, chunk_delay: float,
+                     hold: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[bytes]:
+    """Yield pre-rendered SSE events one by one so the client sees a real stream.
+
+    `hold`, when given, is awaited before the last event: the stream stays open until it returns.
+    """
     if first_delay:
         await asyncio.sleep(first_delay)
     for i, ev in enumerate(events):
         if i and chunk_delay:
             await asyncio.sleep(chunk_delay)
+        if hold is not None and i == len(events) - 1:
+            await hold()
         yield ev
 
 

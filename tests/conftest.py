@@ -4,10 +4,28 @@
 # ============================================================================
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import itertools
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
 
+import httpx
+import httpx._config
+import httpx._transports.default
 import pytest
 from mock_upstream import MockUpstream
+from proxy_server import InProcessProxy, ProxyServer, make_settings
+
+from proxy.config import Settings
+
+# Every httpx client (the proxy's upstream client, its aiohttp transports, each test's clients) builds an
+# SSL context, and building one reads the whole CA bundle (~80 ms): the suite builds thousands, none of
+# them used (every upstream is plain HTTP on loopback). One context per set of arguments serves them all.
+_create_ssl_context = functools.lru_cache(maxsize=None)(httpx._config.create_ssl_context)
+httpx.create_ssl_context = _create_ssl_context
+httpx._transports.default.create_ssl_context = _create_ssl_context  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +40,54 @@ def upstream(mock_upstream: MockUpstream) -> MockUpstream:
     """The session mock after reset(): no requests, script, failures, delays or cache."""
     mock_upstream.reset()
     return mock_upstream
+
+
+# ============================================================================
+# The proxy under test. `make_proxy(...)` starts one (in process over ASGI
+# unless real=True) with config overrides; `proxy` is one made from the
+# `proxy_config` markers of the test and its module (closest wins):
+#
+#     pytestmark = pytest.mark.proxy_config(defaults={"offload": {"enabled": False}})
+#
+# Every proxy a test made is stopped when the test ends.
+# ============================================================================
+
+MakeProxy = Callable[..., Any]
+
+
+@pytest.fixture
+def make_proxy(upstream: MockUpstream, tmp_path: Path) -> Iterator[MakeProxy]:
+    """`make_proxy(store=None, *, settings=None, upstream_url=None, env=None, real=False, **config)`.
+
+    store defaults to a fresh SQLite file under tmp_path (a second proxy gets its own file unless
+    given the same store); settings, when given, is used as is (replicas of one configuration).
+    """
+    stack = ExitStack()
+    n = itertools.count(1)
+
+    def make(store: str | None = None, *, settings: Settings | None = None, upstream_url: str | None = None,
+             env: dict[str, str] | None = None, real: bool = False, **raw: Any) -> InProcessProxy | ProxyServer:
+        if settings is None:
+            i = next(n)
+            store = store or f"sqlite:///{tmp_path}/ctx{'' if i == 1 else f'-{i}'}.db"
+            settings = make_settings(upstream_url or upstream.base_url, store, env=env, **raw)
+        return stack.enter_context(ProxyServer(settings) if real else InProcessProxy(settings))
+
+    with stack:
+        yield make
+
+
+def proxy_config(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The `proxy_config` markers' keyword arguments, the module's first and the test's over them."""
+    merged: dict[str, Any] = {}
+    for mark in reversed(list(request.node.iter_markers("proxy_config"))):
+        merged.update(mark.kwargs)
+    return merged
+
+
+@pytest.fixture
+def proxy(make_proxy: MakeProxy, request: pytest.FixtureRequest) -> Any:
+    return make_proxy(**proxy_config(request))
 
 
 # ============================================================================

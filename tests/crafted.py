@@ -123,13 +123,13 @@ class Run:
         return sum(getattr(e, name) for e in self.expected)
 
 
-def drive(proxy_url: str, upstream: Any, key: str, session: str) -> Run:
+def drive(proxy: Any, upstream: Any, key: str, session: str) -> Run:
     """Send the three requests; what each saved is computed from the client's body and the mock's."""
     upstream.windows[MODEL] = WINDOW
     run = Run(session)
     for msgs in requests():
         body = {"model": MODEL, "messages": msgs, "tools": TOOLS}
-        r = httpx.post(proxy_url + "/v1/chat/completions", json=body, timeout=30,
+        r = proxy.post("/v1/chat/completions", json=body, timeout=30,
                        headers={"authorization": f"Bearer {key}", "x-session-id": session})
         assert r.status_code == 200, r.text
         run.responses.append(r)
@@ -161,13 +161,13 @@ def summary_requests() -> list[list[dict[str, Any]]]:
     return [r1, r2]
 
 
-def drive_summary(proxy_url: str, upstream: Any, key: str, session: str) -> list[dict[str, Any]]:
+def drive_summary(proxy: Any, upstream: Any, key: str, session: str) -> list[dict[str, Any]]:
     """Send the two requests; returns what the mock received for each agent request, in order."""
     upstream.windows[MODEL] = WINDOW
     upstream.script(*[answer] * 10)
     agent = []
     for msgs in summary_requests():
-        r = httpx.post(proxy_url + "/v1/chat/completions", timeout=30,
+        r = proxy.post("/v1/chat/completions", timeout=30,
                        json={"model": MODEL, "messages": msgs, "tools": TOOLS},
                        headers={"authorization": f"Bearer {key}", "x-session-id": session})
         assert r.status_code == 200, r.text

@@ -189,6 +189,10 @@ class MockUpstream:
             self._routed = 0
             self._written: dict[tuple[str, str], set[int]] = {}
             self.chunk_delay = 0.0
+            # set: a chat stream holds its last event until the Event is set (at most 10 s); whether it was
+            # set in time is appended to stream_released
+            self.stream_gate: threading.Event | None = None
+            self.stream_released: list[bool] = []
             self.clock: Callable[[], float] = time.monotonic
             self._seq = 0
             self._call_seq = 0
@@ -289,6 +293,11 @@ class MockUpstream:
         if rec.path == "/v1/messages" or rec.path.startswith("/v1/messages/"):
             return self._messages_error(aw.ERROR_STATUS["not_found_error"], "not_found_error", "Not Found")
         return self._json(404, ms.error_body(f"Invalid URL ({rec.method} {rec.path})"))
+
+    async def _hold(self) -> None:
+        gate = self.stream_gate
+        if gate is not None:
+            self.stream_released.append(await asyncio.to_thread(gate.wait, 10))
 
     @staticmethod
     def _json(status: int, obj: Any, headers: dict[str, str] | None = None) -> Response:
@@ -406,8 +415,8 @@ class MockUpstream:
         include = (body.get("stream_options") or {}).get("include_usage") is True
         events = ms.chat_sse_events(ms.chat_chunks(**ids, reply=reply,
                                                    usage=usage if include else None))
-        return StreamingResponse(ms.sse_stream(events, first_delay=first_delay,
-                                               chunk_delay=chunk_delay),
+        return StreamingResponse(ms.sse_stream(events, first_delay=first_delay, chunk_delay=chunk_delay,
+                                               hold=self._hold if self.stream_gate is not None else None),
                                  media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
 

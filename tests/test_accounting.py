@@ -7,22 +7,16 @@ import time
 import uuid
 
 import httpx
-import openai
 import pytest
 from agent_runs import TOOLS, conversation
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 
-
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db", defaults={"status_bar": {"enabled": False}})
-    with ProxyServer(cfg) as p:
-        yield p
+pytestmark = pytest.mark.proxy_config(defaults={"status_bar": {"enabled": False}})
 
 
 def post(p, msgs, key="sk-acct", tools=TOOLS, session=None, **kw) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}", **({"x-session-id": session} if session else {})}
-    r = httpx.post(p.url + "/v1/chat/completions", headers=headers, timeout=30,
+    r = p.post("/v1/chat/completions", headers=headers, timeout=30,
                    json={"model": "gpt-4o", "messages": msgs, "tools": tools, **kw})
     assert r.status_code == 200, r.text
     return r
@@ -30,7 +24,7 @@ def post(p, msgs, key="sk-acct", tools=TOOLS, session=None, **kw) -> httpx.Respo
 
 def get(p, path, key="sk-acct", **headers) -> dict:
     """No waiting: what a completed response did is visible at once (the proxy writes its pending batch first)."""
-    r = httpx.get(p.url + path, headers={"authorization": f"Bearer {key}", **headers} if key else headers)
+    r = p.get(path, headers={"authorization": f"Bearer {key}", **headers} if key else headers)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -49,7 +43,7 @@ def test_hit_rate_equals_what_the_provider_counted(proxy, upstream):
 
 
 def test_stream_usage_is_counted_but_not_shown_to_a_client_that_did_not_ask(proxy, upstream):
-    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="sk-acct", max_retries=0)
+    client = proxy.openai("/v1", api_key="sk-acct", max_retries=0)
     chunks = list(client.chat.completions.create(model="gpt-4o", stream=True, messages=conversation(2)))
     assert all(c.choices for c in chunks) and all(c.usage is None for c in chunks)
     assert json.loads(upstream.requests[-1].body)["stream_options"] == {"include_usage": True}
@@ -103,7 +97,7 @@ def test_reported_zero_is_not_unknown(proxy, upstream):
 
 def test_metrics_are_labelled_by_route_and_model(proxy, upstream):
     post(proxy, conversation(3))
-    text = httpx.get(proxy.url + "/metrics").text
+    text = proxy.get("/metrics").text
     assert 'ctxproxy_prompt_tokens_total{model="gpt-4o",route="default"}' in text
     assert "ctxproxy_overhead_seconds_bucket" in text and "ctxproxy_cacheable_tokens_total" in text
 
@@ -111,13 +105,13 @@ def test_metrics_are_labelled_by_route_and_model(proxy, upstream):
 def test_tenants_see_only_their_own_sessions_and_admin_sees_all(upstream, tmp_path):
     cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db", env={"CTXPROXY_ADMIN_TOKEN": "s3cret"},
                         defaults={"status_bar": {"enabled": False}})
-    with ProxyServer(cfg) as p:
+    with InProcessProxy(cfg) as p:
         a = post(p, conversation(1), key="sk-a").headers["x-ctxproxy-session"]
         b = post(p, conversation(2), key="sk-b").headers["x-ctxproxy-session"]
         assert [s["session"] for s in get(p, "/ctx/v1/sessions", key="sk-a")["sessions"]] == [a]
-        assert httpx.get(f"{p.url}/ctx/v1/sessions/{b}", headers={"authorization": "Bearer sk-a"}).status_code == 404
-        assert httpx.get(p.url + "/ctx/v1/stats").status_code == 401
-        assert httpx.get(p.url + "/ctx/v1/stats", headers={"x-ctx-admin-token": "wrong"}).status_code == 401
+        assert p.get(f"/ctx/v1/sessions/{b}", headers={"authorization": "Bearer sk-a"}).status_code == 404
+        assert p.get("/ctx/v1/stats").status_code == 401
+        assert p.get("/ctx/v1/stats", headers={"x-ctx-admin-token": "wrong"}).status_code == 401
         admin = get(p, "/ctx/v1/sessions", key=None, **{"x-ctx-admin-token": "s3cret"})
         assert {s["session"] for s in admin["sessions"]} == {a, b}
 
@@ -126,11 +120,11 @@ def test_figures_survive_restart_and_add_up_across_replicas(upstream, tmp_path):
     store = "redis://127.0.0.1:6379/13"
     key = f"sk-{uuid.uuid4()}"
     cfg = make_settings(upstream.base_url, store, defaults={"status_bar": {"enabled": False}})
-    with ProxyServer(cfg) as p1, ProxyServer(cfg) as p2:
+    with InProcessProxy(cfg) as p1, InProcessProxy(cfg) as p2:
         for i, p in enumerate((p1, p2, p1, p2)):
             post(p, conversation(i + 1), key=key)
         time.sleep(0.3)
-    with ProxyServer(cfg) as p3:
+    with InProcessProxy(cfg) as p3:
         totals = get(p3, "/ctx/v1/stats", key=key)["totals"]["all"]
     assert totals["requests"] == 4 and totals["prompt"] == sum(r.usage["prompt_tokens"] for r in upstream.requests)
 
@@ -139,8 +133,8 @@ def test_session_summary_counts_every_concurrent_request(proxy, upstream):
     import asyncio
 
     async def burst() -> None:
-        async with httpx.AsyncClient(timeout=30) as c:
-            await asyncio.gather(*[c.post(proxy.url + "/v1/chat/completions",
+        async with proxy.async_http_client() as c:
+            await asyncio.gather(*[c.post("/v1/chat/completions",
                                           headers={"authorization": "Bearer sk-burst", "x-session-id": "burst"},
                                           json={"model": "gpt-4o", "messages": conversation(1)}) for _ in range(40)])
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 
@@ -29,7 +28,7 @@ def replay(p, model: str, turns: int = 12, key: str = "sk-a", session: str | Non
     full = run(turns)
     for end in range(4, len(full) + 1, 2):
         headers = {"authorization": f"Bearer {key}", **({"x-session-id": session} if session else {})}
-        r = httpx.post(p.url + "/v1/chat/completions", headers=headers, timeout=30,
+        r = p.post("/v1/chat/completions", headers=headers, timeout=30,
                        json={"model": model, "messages": full[:end], "tools": TOOLS})
         assert r.status_code == 200, r.text
 
@@ -40,10 +39,10 @@ def hit_rate(upstream) -> float:
 
 
 def test_one_session_one_cache_key_and_a_clients_own_key_is_kept(upstream, tmp_path):
-    with ProxyServer(cfg(upstream, tmp_path, prompt_cache_key="session")) as p:
+    with InProcessProxy(cfg(upstream, tmp_path, prompt_cache_key="session")) as p:
         replay(p, "gpt-4o", turns=3, session="a")
         replay(p, "gpt-4o", turns=3, session="b")
-        r = httpx.post(p.url + "/v1/chat/completions", headers={"authorization": "Bearer k"},
+        r = p.post("/v1/chat/completions", headers={"authorization": "Bearer k"},
                        json={"model": "gpt-4o", "messages": run(1), "prompt_cache_key": "mine"})
         assert r.status_code == 200
     keys = [r.json.get("prompt_cache_key") for r in upstream.requests]
@@ -56,7 +55,7 @@ def test_cache_key_raises_hit_rate_on_a_sharded_provider(upstream, tmp_path):
     for mode in ("off", "session"):
         upstream.reset()
         upstream.shards = 4
-        with ProxyServer(cfg(upstream, tmp_path / mode, prompt_cache_key=mode)) as p:
+        with InProcessProxy(cfg(upstream, tmp_path / mode, prompt_cache_key=mode)) as p:
             replay(p, "gpt-4o", turns=16)
         rates[mode] = hit_rate(upstream)
     assert rates["session"] > rates["off"] + 0.15, rates  # measured here: about 0.60 → 0.87
@@ -67,14 +66,14 @@ def test_breakpoints_make_a_marker_only_provider_cache(upstream, tmp_path):
     for mode in ("none", "anthropic"):
         upstream.reset()
         upstream.breakpoint_models = ["claude*"]
-        with ProxyServer(cfg(upstream, tmp_path / mode, breakpoints=mode)) as p:
+        with InProcessProxy(cfg(upstream, tmp_path / mode, breakpoints=mode)) as p:
             replay(p, "claude-sonnet-4", turns=12)
         rates[mode] = hit_rate(upstream)
     assert rates["none"] == 0 and rates["anthropic"] > 0.8, rates
 
 
 def test_breakpoints_sit_at_the_stable_prefix_within_the_limit(upstream, tmp_path):
-    with ProxyServer(cfg(upstream, tmp_path, breakpoints="auto")) as p:
+    with InProcessProxy(cfg(upstream, tmp_path, breakpoints="auto")) as p:
         replay(p, "claude-sonnet-4", turns=3)
         msgs = json.loads(upstream.requests[-1].body)["messages"]
         marked = [i for i, m in enumerate(msgs) if isinstance(m["content"], list)
@@ -86,7 +85,7 @@ def test_breakpoints_sit_at_the_stable_prefix_within_the_limit(upstream, tmp_pat
         for i in (0, 1, 3, 5):
             own[i] = {**own[i], "content": [{"type": "text", "text": own[i]["content"],
                                              "cache_control": {"type": "ephemeral"}}]}
-        r = httpx.post(p.url + "/v1/chat/completions", headers={"authorization": "Bearer k"},
+        r = p.post("/v1/chat/completions", headers={"authorization": "Bearer k"},
                        json={"model": "claude-sonnet-4", "messages": own, "tools": TOOLS})
         assert r.status_code == 200
     sent = json.loads(upstream.requests[-1].body)["messages"]
@@ -95,15 +94,15 @@ def test_breakpoints_sit_at_the_stable_prefix_within_the_limit(upstream, tmp_pat
 
 
 def test_marker_moves_are_not_reported_as_prefix_breaks(upstream, tmp_path):
-    with ProxyServer(cfg(upstream, tmp_path, breakpoints="anthropic")) as p:
+    with InProcessProxy(cfg(upstream, tmp_path, breakpoints="anthropic")) as p:
         full = run(6)
         for end in range(4, len(full) + 1, 2):
-            r = httpx.post(p.url + "/v1/chat/completions", headers={"authorization": "Bearer k"},
+            r = p.post("/v1/chat/completions", headers={"authorization": "Bearer k"},
                            json={"model": "claude-sonnet-4", "messages": full[:end], "tools": TOOLS})
             assert "x-ctxproxy-cache-break" not in r.headers
 
 
 def test_retention_is_passed_when_configured(upstream, tmp_path):
-    with ProxyServer(cfg(upstream, tmp_path, retention="24h")) as p:
+    with InProcessProxy(cfg(upstream, tmp_path, retention="24h")) as p:
         replay(p, "gpt-4o", turns=1)
     assert upstream.requests[-1].json["prompt_cache_retention"] == "24h"

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 
 from proxy.http.routing import tenant_id
 from proxy.rewrite.compress import transform as compress
@@ -63,15 +63,19 @@ def responder(req: dict) -> str:
     return "ok"
 
 
+def config(**compress) -> dict:
+    return {"models": {MODEL: {"context_window": WINDOW}},
+            "defaults": {"offload": {"enabled": False}, "status_bar": {"enabled": False},
+                         "compress": {"keep_recent_tokens": 1200, **compress}}}
+
+
 def settings(upstream, store: str, **compress):
     upstream.windows[MODEL] = WINDOW
-    return make_settings(upstream.base_url, store, models={MODEL: {"context_window": WINDOW}},
-                         defaults={"offload": {"enabled": False}, "status_bar": {"enabled": False},
-                                   "compress": {"keep_recent_tokens": 1200, **compress}})
+    return make_settings(upstream.base_url, store, **config(**compress))
 
 
-def post(proxy: ProxyServer, messages: list[dict], key: str = "sk-a", **extra) -> httpx.Response:
-    return httpx.post(proxy.url + "/v1/chat/completions", timeout=30,
+def post(proxy: InProcessProxy, messages: list[dict], key: str = "sk-a", **extra) -> httpx.Response:
+    return proxy.post("/v1/chat/completions", timeout=30,
                       headers={"authorization": f"Bearer {key}"},
                       json={"model": MODEL, "messages": messages, "tools": TOOLS, **extra})
 
@@ -89,10 +93,12 @@ def replay(proxy, upstream, turns: int, key: str = "sk-a") -> list[httpx.Respons
     return out
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db")) as p:
-        yield p
+pytestmark = pytest.mark.proxy_config(**config())
+
+
+@pytest.fixture(autouse=True)
+def model_window(upstream):
+    upstream.windows[MODEL] = WINDOW
 
 
 def test_long_run_never_overflows_and_keeps_identifiers(proxy, upstream):
@@ -127,7 +133,7 @@ def test_prefix_is_byte_identical_between_compactions(proxy, upstream):
 
 
 def test_summary_has_sections_identifiers_and_a_readable_archive(upstream, tmp_path):
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as proxy:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as proxy:
         replay(proxy, upstream, 40)
         _check_summary(proxy, upstream)
 
@@ -141,7 +147,7 @@ def _check_summary(proxy, upstream):
     # Rolling: each archive holds the previous summary, whose handle leads further back.
     seen, handle = "", text.split('context_read(handle="')[1].split('"')[0]
     for _ in range(20):
-        raw = httpx.get(f"{proxy.url}/ctx/v1/blobs/{handle}", headers={"authorization": "Bearer sk-a"})
+        raw = proxy.get(f"/ctx/v1/blobs/{handle}", headers={"authorization": "Bearer sk-a"})
         assert raw.status_code == 200
         seen += raw.text
         if 'context_read(handle="' not in raw.text:
@@ -152,7 +158,7 @@ def _check_summary(proxy, upstream):
 
 def _bodies(settings_obj, upstream, key: str) -> list[bytes]:
     upstream.reset()
-    with ProxyServer(settings_obj) as p:
+    with InProcessProxy(settings_obj) as p:
         replay(p, upstream, 30, key)
     return [r.body for r in chat_requests(upstream)]
 
@@ -166,14 +172,14 @@ def test_same_history_same_bytes_after_restart_and_across_redis_replicas(upstrea
     key = f"sk-{uuid.uuid4()}"
     redis = "redis://127.0.0.1:6379/14"
     upstream.reset()
-    with ProxyServer(settings(upstream, redis)) as p1, ProxyServer(settings(upstream, redis)) as p2:
+    with InProcessProxy(settings(upstream, redis)) as p1, InProcessProxy(settings(upstream, redis)) as p2:
         run = agent_run(30)
         upstream.script(*[responder] * 200)
         for n, i in enumerate(range(4, len(run) + 1, 2)):
             post(p1 if n % 2 else p2, run[:i], key)
     via_two = [r.body for r in chat_requests(upstream)]
     upstream.reset()
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/d.db")) as p:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/d.db")) as p:
         run = agent_run(30)
         upstream.script(*[responder] * 200)
         for i in range(4, len(run) + 1, 2):
@@ -182,7 +188,7 @@ def test_same_history_same_bytes_after_restart_and_across_redis_replicas(upstrea
 
 
 def test_failing_summarizer_never_fails_the_request(upstream, tmp_path):
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
         run = agent_run(20)
         upstream.fail_next(500, {"error": {"message": "summarizer down", "type": "server_error"}})
         r = post(p, run)
@@ -198,7 +204,7 @@ def test_failing_summarizer_never_fails_the_request(upstream, tmp_path):
 def test_an_archived_span_keeps_its_identifiers_in_the_note(upstream, tmp_path):
     """When no summary can be had, the archive note still lists the span's paths verbatim (code-written), so the
     names the agent acted on are not lost with the messages."""
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
         upstream.fail_next(500, {"error": {"message": "summarizer down", "type": "server_error"}})
         r = post(p, agent_run(20))
         assert r.status_code == 200 and r.headers["x-ctxproxy-compacted"] == "archive"
@@ -209,7 +215,7 @@ def test_an_archived_span_keeps_its_identifiers_in_the_note(upstream, tmp_path):
 
 
 def test_hanging_summarizer_times_out_into_a_fallback(upstream, tmp_path):
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", summary_timeout=0.3,
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", summary_timeout=0.3,
                               min_clear_tokens=100_000)) as p:
         upstream.delay = 1.0
         r = post(p, agent_run(20))
@@ -217,14 +223,14 @@ def test_hanging_summarizer_times_out_into_a_fallback(upstream, tmp_path):
 
 
 def test_concurrent_requests_of_a_session_summarize_once(upstream, tmp_path):
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
         upstream.script(*[responder] * 20)
         upstream.delay = 0.3
         run = agent_run(24)
 
         async def go() -> list:
-            async with httpx.AsyncClient(timeout=30) as c:
-                return await asyncio.gather(*[c.post(p.url + "/v1/chat/completions",
+            async with p.async_http_client() as c:
+                return await asyncio.gather(*[c.post("/v1/chat/completions",
                                                      headers={"authorization": "Bearer sk-a"},
                                                      json={"model": MODEL, "messages": run, "tools": TOOLS})
                                               for _ in range(3)])
@@ -248,11 +254,11 @@ def test_a_holder_killed_mid_compaction_frees_the_session_within_seconds(upstrea
         finally:
             await store.close()
 
-    with ProxyServer(settings(upstream, store_url, min_clear_tokens=100_000)) as p:
+    with InProcessProxy(settings(upstream, store_url, min_clear_tokens=100_000)) as p:
         assert asyncio.run(left_by_the_killed_process())
         upstream.script(*[responder] * 5)
         started = time.monotonic()
-        r = httpx.post(p.url + "/v1/chat/completions", timeout=60,
+        r = p.post("/v1/chat/completions", timeout=60,
                        headers={"authorization": "Bearer sk-a", "x-session-id": session},
                        json={"model": MODEL, "messages": agent_run(20), "tools": TOOLS})
         took = time.monotonic() - started
@@ -262,15 +268,15 @@ def test_a_holder_killed_mid_compaction_frees_the_session_within_seconds(upstrea
 
 def test_a_live_holder_keeps_the_lock_past_its_lease_so_nobody_summarizes_twice(upstream, tmp_path, monkeypatch):
     monkeypatch.setattr(compress, "LOCK_LEASE_S", 0.5)
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
         upstream.script(*[responder] * 20)
         upstream.delay = 2.0  # the summary call takes four leases
         run = agent_run(24)
 
         async def go() -> list:
-            async with httpx.AsyncClient(timeout=60) as c:
+            async with p.async_http_client(timeout=60) as c:
                 def send() -> Any:
-                    return c.post(p.url + "/v1/chat/completions", headers={"authorization": "Bearer sk-a"},
+                    return c.post("/v1/chat/completions", headers={"authorization": "Bearer sk-a"},
                                   json={"model": MODEL, "messages": run, "tools": TOOLS})
                 first = asyncio.ensure_future(send())
                 await asyncio.sleep(1.0)  # two leases into the first request's summary call
@@ -296,7 +302,7 @@ def test_dangling_tool_call_gets_a_synthetic_result(proxy, upstream):
 
 def test_facts_strategy_asks_each_question_concurrently(upstream, tmp_path):
     facts = ["Which files changed?", "What failed?"]
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", strategy="facts", facts=facts,
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", strategy="facts", facts=facts,
                               min_clear_tokens=100_000)) as p:
         upstream.script(*[lambda req: "answer" if is_summary_call(req) else "ok"] * 10)
         r = post(p, agent_run(24))
@@ -317,10 +323,10 @@ def test_unknown_window_is_learned_from_the_provider_and_remembered(upstream, tm
     run = agent_run(16)  # ~6k tokens: over the real window, far under the assumed 128k
 
     def ask(p):
-        return httpx.post(p.url + "/v1/chat/completions", headers={"authorization": "Bearer k"}, timeout=30,
+        return p.post("/v1/chat/completions", headers={"authorization": "Bearer k"}, timeout=30,
                           json={"model": "my-local-coder", "messages": run, "tools": TOOLS})
 
-    with ProxyServer(cfg) as p:
+    with InProcessProxy(cfg) as p:
         first = ask(p)
         assert first.status_code == 200, first.text
         assert first.headers["x-ctxproxy-window-learned"] == "4000" and "x-ctxproxy-compacted" in first.headers
@@ -328,7 +334,7 @@ def test_unknown_window_is_learned_from_the_provider_and_remembered(upstream, tm
         assert statuses == [400, 200]
     upstream.reset()
     upstream.script(*[responder] * 20)
-    with ProxyServer(cfg) as p:  # after a restart the window is still known: no failed attempt
+    with InProcessProxy(cfg) as p:  # after a restart the window is still known: no failed attempt
         assert ask(p).status_code == 200
     assert all(r.status == 200 for r in upstream.requests)
 
@@ -346,7 +352,7 @@ def big_settings(upstream, store: str, **compress):
 
 
 def test_summarizer_call_is_the_agents_cached_prefix_plus_an_instruction(upstream, tmp_path):
-    with ProxyServer(big_settings(upstream, f"sqlite:///{tmp_path}/c.db")) as p:
+    with InProcessProxy(big_settings(upstream, f"sqlite:///{tmp_path}/c.db")) as p:
         replay(p, upstream, 60)
     reqs = upstream.requests
     calls = [i for i, r in enumerate(reqs) if is_summary_call(r.json)]
@@ -369,7 +375,7 @@ def test_summarizer_call_is_the_agents_cached_prefix_plus_an_instruction(upstrea
 
 
 def test_other_summary_model_uses_the_transcript_shape(upstream, tmp_path):
-    with ProxyServer(big_settings(upstream, f"sqlite:///{tmp_path}/c.db", summary_model="cheap-model")) as p:
+    with InProcessProxy(big_settings(upstream, f"sqlite:///{tmp_path}/c.db", summary_model="cheap-model")) as p:
         replay(p, upstream, 60)
     calls = [r.json for r in upstream.requests if is_summary_call(r.json)]
     assert calls and all(c["model"] == "cheap-model" and c["messages"][0]["content"] == SYSTEM_PROMPT
@@ -382,7 +388,7 @@ def test_cached_shape_answered_with_a_tool_call_falls_back_to_the_transcript(ups
             return {"tool_calls": [{"name": "bash", "arguments": json.dumps({"cmd": "ls"})}]}
         return responder(req)
 
-    with ProxyServer(big_settings(upstream, f"sqlite:///{tmp_path}/c.db")) as p:
+    with InProcessProxy(big_settings(upstream, f"sqlite:///{tmp_path}/c.db")) as p:
         run = agent_run(60)
         upstream.script(*[stubborn] * 400)
         rs = [post(p, run[:i]) for i in range(4, len(run) + 1, 2)]
@@ -396,7 +402,7 @@ def test_cached_shape_answered_with_a_tool_call_falls_back_to_the_transcript(ups
 def test_cached_shape_carries_the_agents_cache_key(upstream, tmp_path):
     """A provider that routes by prompt_cache_key must see the summarizer on the agent's shard."""
     upstream.windows[MODEL] = BIG
-    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/k.db",
+    with InProcessProxy(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/k.db",
                                    models={MODEL: {"context_window": BIG}},
                                    defaults={"offload": {"enabled": False},
                                              "cache": {"prompt_cache_key": "session"},
@@ -417,7 +423,7 @@ def test_cached_shape_refused_for_length_falls_back_to_the_transcript(upstream, 
     # no precompute: at 0.7 of the window the prefix is small enough for the cached shape after all
     settings_obj = big_settings(upstream, f"sqlite:///{tmp_path}/c.db", summary_max_tokens=3500, precompute=None)
     upstream.windows[MODEL] = 18_500  # agent requests (<= 0.85 x 20,000) fit; prefix + 3,500 does not
-    with ProxyServer(settings_obj) as p:
+    with InProcessProxy(settings_obj) as p:
         rs = replay(p, upstream, 60)
     assert all(r.status_code == 200 for r in rs)
     calls = [r for r in upstream.requests if is_summary_call(r.json)]

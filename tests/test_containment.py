@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import httpx
 import orjson
 import pytest
 from agent_runs import TOOLS, conversation
-from proxy_server import ProxyServer, make_settings
-
-
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db")) as p:
-        yield p
 
 
 @pytest.mark.parametrize("transform", ["offload", "compress", "context_read", "status_bar", "cache_hints"])
@@ -24,11 +16,11 @@ def test_a_failing_transform_forwards_the_request_unmodified(proxy, upstream, tr
 
     monkeypatch.setattr(target, "restore" if hasattr(target, "restore") else "apply", broken)
     raw = orjson.dumps({"model": "gpt-4o", "messages": conversation(3), "tools": TOOLS})
-    r = httpx.post(proxy.url + "/v1/chat/completions", content=raw,
+    r = proxy.post("/v1/chat/completions", content=raw,
                    headers={"content-type": "application/json", "authorization": "Bearer k"})
     assert r.status_code == 200, r.text
     assert r.headers["x-ctxproxy-degraded"] == transform
     assert upstream.requests[-1].body == raw  # the client's bytes, exactly
-    metrics = httpx.get(proxy.url + "/metrics").text
+    metrics = proxy.get("/metrics").text
     assert any(line.startswith("ctxproxy_degraded_requests_total{") and line.endswith(" 1.0")
                for line in metrics.splitlines()), metrics[:2000]

@@ -303,12 +303,12 @@ def test_dashboard_shows_the_crafted_figures_and_what_went_upstream(chromium, up
 
     session = f"crafted-{uuid.uuid4().hex[:8]}"
     with make(crafted.DEFAULTS, "figures") as p:
-        run = crafted.drive(p.url, upstream, "sk-dashboard", session)
+        run = crafted.drive(p, upstream, "sk-dashboard", session)
         sent = upstream.requests[-1].json
         dom = dump_dom(chromium, f"{p.url}/ctx/ui#window=all&session={session}&request=3", tmp_path)
     upstream.reset()
     with make(crafted.INSPECT_DEFAULTS, "summary") as p:
-        agent = crafted.drive_summary(p.url, upstream, "sk-dashboard", session)
+        agent = crafted.drive_summary(p, upstream, "sk-dashboard", session)
         summary_dom = dump_dom(chromium, f"{p.url}/ctx/ui#session={session}&request=2", tmp_path)
 
     assert 'data-state="ready"' in dom

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import orjson
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy
 
 from proxy.request import Conversation
 from proxy.wire import jsonio
@@ -36,12 +35,7 @@ def body(tool_text: str) -> dict:
     }
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
-                             defaults={"offload": {"tool_result_tokens": 500}})
-    with ProxyServer(settings) as p:
-        yield p
+pytestmark = pytest.mark.proxy_config(defaults={"offload": {"tool_result_tokens": 500}})
 
 
 @pytest.mark.parametrize("style", [
@@ -54,7 +48,7 @@ def proxy(upstream, tmp_path):
 def test_big_integers_reach_the_provider_with_their_exact_digits(proxy, upstream, style, offloaded):
     tool_text = "\n".join(f"line {i} of output" for i in range(2000 if offloaded else 3))
     raw = json.dumps(body(tool_text), **style).encode()
-    r = httpx.post(proxy.url + "/v1/chat/completions", content=raw,
+    r = proxy.post("/v1/chat/completions", content=raw,
                    headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"})
     assert r.status_code == 200, r.text
     sent = upstream.requests[-1].body
@@ -80,7 +74,7 @@ def test_the_same_body_is_rewritten_into_the_same_bytes(proxy, upstream):
     raw = json.dumps(body("short"), separators=(",", ":"), ensure_ascii=False).encode()
     sent = []
     for _ in range(2):
-        r = httpx.post(proxy.url + "/v1/chat/completions", content=raw,
+        r = proxy.post("/v1/chat/completions", content=raw,
                        headers={"authorization": f"Bearer {KEY}", "x-session-id": "exact-numbers-stable"})
         assert r.status_code == 200, r.text
         sent.append(upstream.requests[-1].body)
@@ -114,13 +108,13 @@ def test_big_integers_survive_compaction_and_its_replay(upstream, tmp_path):
     """The summarizer call, the stored compaction and every later request keep the digits (and never fail)."""
     import test_compress as tc
 
-    with ProxyServer(tc.settings(upstream, f"sqlite:///{tmp_path}/c.db")) as p:
+    with InProcessProxy(tc.settings(upstream, f"sqlite:///{tmp_path}/c.db")) as p:
         run = tc.agent_run(16)
         run[0] = {**run[0], "x_budget": SEED}  # in the pinned head, stored with the compaction
         tools = [{**tc.TOOLS[0], "function": {**tc.TOOLS[0]["function"], "x_max": LIMIT}}]
         upstream.script(*[tc.responder] * 64)
         for i in range(4, len(run) + 1, 2):
-            r = httpx.post(p.url + "/v1/chat/completions", timeout=30, headers={"authorization": "Bearer sk-a"},
+            r = p.post("/v1/chat/completions", timeout=30, headers={"authorization": "Bearer sk-a"},
                            json={"model": tc.MODEL, "messages": run[:i], "tools": tools})
             assert r.status_code == 200, r.text
     summaries = [q for q in upstream.requests if tc.is_summary_call(q.json)]

@@ -13,10 +13,8 @@ import re
 import uuid
 
 import crafted
-import httpx
-import openai
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 
 import proxy.accounting.accountant as accounting
 from proxy.wire.chat.codec import CHAT
@@ -25,21 +23,21 @@ HANDLE = re.compile(r'handle="(ctx_[0-9a-f]{20})"')
 PLACEHOLDER = re.compile(r"^\[ctxproxy: (tool result of \w+ stored whole|cleared tool result)")
 
 
+def config(**raw) -> dict:
+    return {"env": {"CTXPROXY_ADMIN_TOKEN": "s3cret"}, "models": {crafted.MODEL: {"context_window": crafted.WINDOW}},
+            "defaults": crafted.DEFAULTS, **raw}
+
+
 def settings(upstream, tmp_path, **raw):
-    return make_settings(upstream.base_url, f"sqlite:///{tmp_path}/f.db", env={"CTXPROXY_ADMIN_TOKEN": "s3cret"},
-                         models={crafted.MODEL: {"context_window": crafted.WINDOW}},
-                         defaults=crafted.DEFAULTS, **raw)
+    return make_settings(upstream.base_url, f"sqlite:///{tmp_path}/f.db", **config(**raw))
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    with ProxyServer(settings(upstream, tmp_path)) as p:
-        yield p
+pytestmark = pytest.mark.proxy_config(**config())
 
 
-def get(p: ProxyServer, path: str, key: str) -> dict:
+def get(p: InProcessProxy, path: str, key: str) -> dict:
     """No waiting: a request is visible as soon as its response has completed."""
-    r = httpx.get(p.url + path, headers={"authorization": f"Bearer {key}"}, timeout=10)
+    r = p.get(path, headers={"authorization": f"Bearer {key}"}, timeout=10)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -56,7 +54,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 def test_crafted_session_has_the_same_figures_everywhere(proxy, upstream):
     key, session = f"sk-{uuid.uuid4().hex[:8]}", f"crafted-{uuid.uuid4().hex[:8]}"
-    run = crafted.drive(proxy.url, upstream, key, session)
+    run = crafted.drive(proxy, upstream, key, session)
     sent = [r.json for r in upstream.requests]
     assert len(sent) == 3  # no summarizer, no read rounds: one upstream call per request
     given = {h for body in sent for m in body["messages"] if m["role"] == "tool"
@@ -97,7 +95,7 @@ def test_crafted_session_has_the_same_figures_everywhere(proxy, upstream):
                                                                        for r in upstream.requests)
 
     # /metrics, from the same figures
-    text = httpx.get(proxy.url + "/metrics", timeout=10).text
+    text = proxy.get("/metrics", timeout=10).text
     assert metric(text, "ctxproxy_offloads_total", model=crafted.MODEL) == 3
     assert metric(text, "ctxproxy_compactions_total", layer="clear") == 1
     assert metric(text, "ctxproxy_client_prompt_tokens_total") - metric(text, "ctxproxy_sent_prompt_tokens_total") \
@@ -122,7 +120,7 @@ def test_hidden_read_rounds_are_billed_to_the_turn(proxy, upstream, stream):
                     lambda body: {"tool_calls": [{"name": "context_read",
                                                   "arguments": {"handle": _find_handle(body), "offset": 5}}]},
                     "worker 17 failed")
-    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0,
+    client = proxy.openai("/v1", api_key=key, max_retries=0,
                            default_headers={"x-session-id": session})
     kw = dict(model=crafted.MODEL, messages=msgs, tools=crafted.TOOLS)
     billed = None
@@ -158,19 +156,19 @@ def test_hidden_read_rounds_are_billed_to_the_turn(proxy, upstream, stream):
 
 def test_requests_that_never_reached_the_provider_add_no_tokens(upstream, tmp_path):
     dead = {"name": "dead", "upstream": {"base_url": "http://127.0.0.1:1/v1"}}
-    with ProxyServer(settings(upstream, tmp_path, routes=[dead])) as p:
+    with InProcessProxy(settings(upstream, tmp_path, routes=[dead])) as p:
         key, session = f"sk-{uuid.uuid4().hex[:8]}", f"dead-{uuid.uuid4().hex[:8]}"
         msgs = crafted.requests()[0]
         body = {"model": crafted.MODEL, "messages": msgs, "tools": crafted.TOOLS}
         auth = {"authorization": f"Bearer {key}", "x-session-id": session}
-        ok = httpx.post(p.url + "/v1/chat/completions", json=body, headers=auth, timeout=30)
+        ok = p.post("/v1/chat/completions", json=body, headers=auth, timeout=30)
         assert ok.status_code == 200
-        gone = httpx.post(p.url + "/r/dead/v1/chat/completions", json=body, headers=auth, timeout=30)
+        gone = p.post("/r/dead/v1/chat/completions", json=body, headers=auth, timeout=30)
         assert gone.status_code == 502
         upstream.fail_next(429, {"error": {"message": "slow down", "type": "rate_limit_error"}})
-        refused = httpx.post(p.url + "/v1/chat/completions", json=body, headers=auth, timeout=30)
+        refused = p.post("/v1/chat/completions", json=body, headers=auth, timeout=30)
         assert refused.status_code == 429
-        again = httpx.post(p.url + "/v1/chat/completions", json=body, headers=auth, timeout=30)
+        again = p.post("/v1/chat/completions", json=body, headers=auth, timeout=30)
         assert again.status_code == 200
         timeline = get(p, f"/ctx/v1/sessions/{session}", key)["requests"]
         totals = get(p, "/ctx/v1/stats", key)["totals"]["all"]
@@ -189,7 +187,7 @@ def test_requests_that_never_reached_the_provider_add_no_tokens(upstream, tmp_pa
 def test_a_request_is_visible_as_soon_as_its_response_completes(proxy, upstream, monkeypatch):
     monkeypatch.setattr(accounting, "FLUSH_DELAY", 30.0)  # the background batch would wait half a minute
     key = f"sk-{uuid.uuid4().hex[:8]}"
-    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+    client = proxy.openai("/v1", api_key=key, max_retries=0)
     for i, stream in enumerate((False, True), 1):
         session = f"ryw-{uuid.uuid4().hex[:8]}"
         kw = dict(model="gpt-4o", messages=[{"role": "user", "content": f"hi {i}"}],
@@ -198,18 +196,18 @@ def test_a_request_is_visible_as_soon_as_its_response_completes(proxy, upstream,
             assert list(client.chat.completions.create(stream=True, **kw))
         else:
             client.chat.completions.create(**kw)
-        r = httpx.get(f"{proxy.url}/ctx/v1/sessions/{session}", headers={"authorization": f"Bearer {key}"}, timeout=5)
+        r = proxy.get(f"/ctx/v1/sessions/{session}", headers={"authorization": f"Bearer {key}"}, timeout=5)
         assert r.status_code == 200, r.text
         assert len(r.json()["requests"]) == 1
         assert get(proxy, "/ctx/v1/stats", key)["totals"]["all"]["requests"] == i
     assert 'ctxproxy_requests_total{model="gpt-4o",route="default",status="200"} 2.0' in \
-        httpx.get(proxy.url + "/metrics").text
+        proxy.get("/metrics").text
 
 
 def test_an_unknown_session_is_not_found_for_whoever_asks(proxy):
-    r = httpx.get(f"{proxy.url}/ctx/v1/sessions/nope", headers={"authorization": "Bearer sk-someone"})
+    r = proxy.get("/ctx/v1/sessions/nope", headers={"authorization": "Bearer sk-someone"})
     assert r.status_code == 404 and r.json()["error"]["message"] == "no session 'nope' for this API key"
-    r = httpx.get(f"{proxy.url}/ctx/v1/sessions/nope", headers={"x-ctx-admin-token": "s3cret"})
+    r = proxy.get("/ctx/v1/sessions/nope", headers={"x-ctx-admin-token": "s3cret"})
     assert r.status_code == 404 and r.json()["error"]["message"] == "no session 'nope' recorded by this proxy"
     assert "key" not in r.json()["error"]["message"]
 

@@ -180,7 +180,7 @@ def fz(tmp_path_factory) -> Iterator[Fuzzed]:
                             defaults={"offload": {"tool_result_tokens": 300, "user_message_tokens": 2000},
                                       "compress": {"keep_recent_tokens": 1000, "summary_timeout": 5}})
         with ProxyServer(cfg) as p, Captured().diverting("ctxproxy", "uvicorn.error") as logs:
-            fz = Fuzzed(p, mock, httpx.Client(base_url=p.url, timeout=20), logs)
+            fz = Fuzzed(p, mock, p.http_client(timeout=20), logs)
             yield fz
             fz.client.close()
             print(f"\nfuzz: provider statuses passed through {fz.passed_through}, mock crashes {fz.mock_errors}, "

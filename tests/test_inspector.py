@@ -14,7 +14,7 @@ from pathlib import Path
 import crafted
 import httpx
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, ProxyServer, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN = {"x-ctx-admin-token": "s3cret"}
@@ -32,8 +32,8 @@ def settings(upstream, tmp_path, **logging_):
                          defaults=crafted.INSPECT_DEFAULTS, **({"logging": logging_} if logging_ else {}))
 
 
-def inspect(p: ProxyServer, session: str, n: int | str, headers: dict) -> httpx.Response:
-    return httpx.get(f"{p.url}/ctx/v1/sessions/{session}/requests/{n}", headers=headers, timeout=10)
+def inspect(p: InProcessProxy, session: str, n: int | str, headers: dict) -> httpx.Response:
+    return p.get(f"/ctx/v1/sessions/{session}/requests/{n}", headers=headers, timeout=10)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -61,15 +61,15 @@ def check_against_upstream(data: dict, client: list[dict], sent: dict) -> None:
 
 
 def test_inspector_shows_what_was_sent_upstream(upstream, tmp_path):
-    with ProxyServer(settings(upstream, tmp_path)) as p:
+    with ProxyServer(settings(upstream, tmp_path)) as p:  # `ctxproxy inspect --url` in a subprocess: a socket
         key, session = f"sk-{uuid.uuid4().hex[:8]}", f"insp-{uuid.uuid4().hex[:8]}"
-        agent = crafted.drive_summary(p.url, upstream, key, session)
+        agent = crafted.drive_summary(p, upstream, key, session)
         client = crafted.summary_requests()
         mine = {"authorization": f"Bearer {key}"}
         first, second = (inspect(p, session, n, mine) for n in (1, 2))
         by_id = inspect(p, session, second.json()["request_id"], ADMIN)
         other = [inspect(p, session, 2, {"authorization": "Bearer sk-someone-else"}),
-                 httpx.get(f"{p.url}/ctx/v1/sessions/{session}", headers={"authorization": "Bearer sk-someone-else"})]
+                 p.get(f"/ctx/v1/sessions/{session}", headers={"authorization": "Bearer sk-someone-else"})]
         missing = inspect(p, session, 3, mine)
         printed = cli("--url", p.url, "--token", "s3cret", "--session", session, "--request", "2")
         printed_first = cli("--url", p.url, "--api-key", key, "--session", session, "--request", "1")
@@ -117,9 +117,9 @@ def test_inspector_shows_what_was_sent_upstream(upstream, tmp_path):
 
 def test_log_content_records_the_clients_messages(upstream, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="ctxproxy")
-    with ProxyServer(settings(upstream, tmp_path, log_content=True)) as p:
+    with ProxyServer(settings(upstream, tmp_path, log_content=True)) as p:  # `ctxproxy inspect --url`: a socket
         key, session = f"sk-{uuid.uuid4().hex[:8]}", f"logged-{uuid.uuid4().hex[:8]}"
-        crafted.drive_summary(p.url, upstream, key, session)
+        crafted.drive_summary(p, upstream, key, session)
         data = inspect(p, session, 2, {"authorization": f"Bearer {key}"}).json()
         printed = cli("--url", p.url, "--api-key", key, "--session", session, "--request", "2")
     client = crafted.summary_requests()
@@ -139,9 +139,9 @@ def test_log_content_records_the_clients_messages(upstream, tmp_path, caplog):
 def test_no_client_content_anywhere_unless_asked(upstream, tmp_path, caplog, log_content):
     caplog.set_level(logging.INFO, logger="ctxproxy")
     marker = "SECRET-" + uuid.uuid4().hex
-    with ProxyServer(settings(upstream, tmp_path, log_content=log_content)) as p:
+    with InProcessProxy(settings(upstream, tmp_path, log_content=log_content)) as p:
         key, session = f"sk-{uuid.uuid4().hex[:8]}", f"quiet-{uuid.uuid4().hex[:8]}"
-        r = httpx.post(p.url + "/v1/chat/completions", timeout=30, headers={"authorization": f"Bearer {key}",
+        r = p.post("/v1/chat/completions", timeout=30, headers={"authorization": f"Bearer {key}",
                                                                            "x-session-id": session},
                        json={"model": "gpt-4o", "messages": [{"role": "user", "content": marker}]})
         assert r.status_code == 200

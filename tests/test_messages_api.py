@@ -16,7 +16,7 @@ import anthropic
 import httpx
 import orjson
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 
 KEY = "sk-ant-test"
 HANDLE = re.compile(r'context_read\(handle=\\?"(ctx_[0-9a-f]+)')
@@ -32,27 +32,28 @@ def big_log(lines: int = 3000) -> str:
                      for i in range(lines))
 
 
-def settings(upstream, tmp_path, store: str | None = None, **raw):
+def config(**raw) -> dict:
     raw.setdefault("defaults", {"offload": {"tool_result_tokens": 2000}})
-    return make_settings(upstream.base_url, store or f"sqlite:///{tmp_path}/m.db", **raw)
+    return raw
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    with ProxyServer(settings(upstream, tmp_path)) as p:
-        yield p
+def settings(upstream, tmp_path, store: str | None = None, **raw):
+    return make_settings(upstream.base_url, store or f"sqlite:///{tmp_path}/m.db", **config(**raw))
 
 
-def client(proxy: ProxyServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0)
+pytestmark = pytest.mark.proxy_config(**config())
+
+
+def client(proxy: InProcessProxy) -> anthropic.Anthropic:
+    return proxy.anthropic(api_key=KEY, max_retries=0)
 
 
 def sent(upstream, n: int = -1) -> dict:
     return json.loads(upstream.requests[n].body)
 
 
-def post(proxy: ProxyServer, body: dict, path: str = "/v1/messages", **headers: str) -> httpx.Response:
-    return httpx.post(proxy.url + path, content=orjson.dumps(body), timeout=60,
+def post(proxy: InProcessProxy, body: dict, path: str = "/v1/messages", **headers: str) -> httpx.Response:
+    return proxy.post(path, content=orjson.dumps(body), timeout=60,
                       headers={"x-api-key": KEY, "anthropic-version": "2023-06-01",
                                "content-type": "application/json", **headers})
 
@@ -71,7 +72,7 @@ def tool_turn(output: str, *, extra_blocks: list | None = None) -> list[dict]:
 def test_a_small_request_goes_upstream_byte_for_byte(proxy, upstream):
     raw = orjson.dumps({"model": "claude-sonnet-4-6", "max_tokens": 64, "system": "Be brief.",
                         "messages": [{"role": "user", "content": "Say hi."}], "metadata": {"user_id": "u1"}})
-    r = httpx.post(proxy.url + "/v1/messages", content=raw, headers={"x-api-key": KEY})
+    r = proxy.post("/v1/messages", content=raw, headers={"x-api-key": KEY})
     assert r.status_code == 200, r.text
     assert upstream.requests[-1].path == "/v1/messages" and upstream.requests[-1].body == raw
     assert r.json()["type"] == "message" and r.headers["x-ctxproxy-route"] == "default"
@@ -175,7 +176,7 @@ def test_a_multi_turn_streamed_tool_loop_with_the_sdk(proxy, upstream):
                                                       "content": big_log()}]})
     assert final.content[-1].text == "The bad item is 7919."
     assert len(upstream.requests) == 3
-    rows = httpx.get(proxy.url + "/ctx/v1/sessions", headers={"x-api-key": KEY}).json()["sessions"]
+    rows = proxy.get("/ctx/v1/sessions", headers={"x-api-key": KEY}).json()["sessions"]
     assert rows and rows[0]["requests"] >= 1
 
 
@@ -205,7 +206,7 @@ def test_breakpoints_never_exceed_four_counting_claude_codes_own(upstream, tmp_p
             "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": mark},
                        {"type": "text", "text": "Project rules. " * 400, "cache_control": mark}],
             "messages": tool_turn(big_log(200), extra_blocks=[{"type": "text", "text": "go", "cache_control": mark}])}
-    with ProxyServer(s) as p:
+    with InProcessProxy(s) as p:
         r = post(p, body)
         assert r.status_code == 200, r.text  # the mock refuses a fifth breakpoint, as Anthropic does
         out = upstream.requests[-1].body
@@ -232,7 +233,7 @@ def test_cache_reads_are_accounted_as_a_share_of_all_input(proxy, upstream):
     import time
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        totals = httpx.get(proxy.url + "/ctx/v1/sessions/acct", headers={"x-api-key": KEY}).json()["summary"]
+        totals = proxy.get("/ctx/v1/sessions/acct", headers={"x-api-key": KEY}).json()["summary"]
         if totals.get("requests") == 2:
             break
         time.sleep(0.05)
@@ -243,11 +244,11 @@ def test_cache_reads_are_accounted_as_a_share_of_all_input(proxy, upstream):
 
 def test_count_tokens_counts_what_the_proxy_would_send_unless_raw(upstream, tmp_path):
     body = {"model": "claude-sonnet-4-6", "tools": TOOLS, "messages": tool_turn(big_log())}
-    with ProxyServer(settings(upstream, tmp_path)) as p:
+    with InProcessProxy(settings(upstream, tmp_path)) as p:
         rewritten = post(p, body, "/v1/messages/count_tokens")
         sent_body = sent(upstream)
     raw_cfg = settings(upstream, tmp_path, routes=[{"name": "default", "count_tokens": "raw"}])
-    with ProxyServer(raw_cfg) as p:
+    with InProcessProxy(raw_cfg) as p:
         raw = post(p, body, "/v1/messages/count_tokens")
         assert upstream.requests[-1].body == orjson.dumps(body)
     assert rewritten.status_code == raw.status_code == 200
@@ -285,11 +286,11 @@ def test_a_route_named_for_the_wrong_api_is_refused_with_the_route_to_use(upstre
     s = settings(upstream, tmp_path, routes=[
         {"name": "oai", "upstream": {"base_url": upstream.base_url, "api": "openai"}},
         {"name": "claude", "upstream": {"base_url": upstream.base_url, "api": "anthropic"}}])
-    with ProxyServer(s) as p:
+    with InProcessProxy(s) as p:
         body = {"model": "claude-sonnet-4-6", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
         r = post(p, body, "/r/oai/v1/messages")
         assert r.status_code == 400 and "use route 'claude'" in r.json()["error"]["message"]
-        chat = httpx.post(p.url + "/r/claude/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
+        chat = p.post("/r/claude/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
                           json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
         assert chat.status_code == 400 and "does not translate between APIs" in chat.json()["error"]["message"]
 
@@ -320,7 +321,7 @@ def _long_session(turns: int) -> list[list[dict]]:
 
 def _send_turns(proxy_of, upstream, model: str, key: str, requests: list[list[dict]]) -> None:
     for n, msgs in enumerate(requests):
-        r = httpx.post(proxy_of(n).url + "/v1/messages", timeout=60,
+        r = proxy_of(n).post("/v1/messages", timeout=60,
                        content=orjson.dumps({"model": model, "max_tokens": 1024, "tools": TOOLS, "messages": msgs}),
                        headers={"x-api-key": key, "x-session-id": "long-run", "content-type": "application/json"})
         assert r.status_code == 200, r.text
@@ -341,7 +342,7 @@ def test_a_session_longer_than_the_window_survives_with_pairs_intact(upstream, t
     s = settings(upstream, tmp_path, models={model: {"context_window": 16000}},
                  defaults={"compress": {"precompute": None}})
     _fresh(upstream)
-    with ProxyServer(s) as p:
+    with InProcessProxy(s) as p:
         _send_turns(lambda n: p, upstream, model, KEY, _long_session(40))
     assert all(rq.status == 200 for rq in upstream.requests)  # the mock refuses a broken pair or an overflow
     bodies = [json.loads(b) for b in _bodies(upstream)]
@@ -362,21 +363,21 @@ def test_the_same_session_is_the_same_bytes_across_a_restart_and_two_replicas_on
                         defaults={"compress": {"precompute": None}})
 
     _fresh(upstream)
-    with ProxyServer(cfg(f"sqlite:///{tmp_path}/one.db")) as p:
+    with InProcessProxy(cfg(f"sqlite:///{tmp_path}/one.db")) as p:
         _send_turns(lambda n: p, upstream, model, key, requests)
     via_one = _bodies(upstream)
     assert any(b"<context_summary>" in b for b in via_one)  # it compacted: there was something to agree on
 
     _fresh(upstream)
-    with ProxyServer(cfg(f"sqlite:///{tmp_path}/two.db")) as p:
+    with InProcessProxy(cfg(f"sqlite:///{tmp_path}/two.db")) as p:
         _send_turns(lambda n: p, upstream, model, key, requests[:15])
-    with ProxyServer(cfg(f"sqlite:///{tmp_path}/two.db")) as p:  # restarted on the same store
+    with InProcessProxy(cfg(f"sqlite:///{tmp_path}/two.db")) as p:  # restarted on the same store
         _send_turns(lambda n: p, upstream, model, key, requests[15:])
     assert _bodies(upstream) == via_one
 
     _fresh(upstream)
     redis = "redis://127.0.0.1:6379/14"
-    with ProxyServer(cfg(redis)) as p1, ProxyServer(cfg(redis)) as p2:
+    with InProcessProxy(cfg(redis)) as p1, InProcessProxy(cfg(redis)) as p2:
         _send_turns(lambda n: (p1, p2)[n % 2], upstream, model, key, requests)
     assert _bodies(upstream) == via_one
 
@@ -386,9 +387,9 @@ def test_anthropics_prompt_too_long_teaches_the_window_and_the_turn_is_retried(u
     model = "claude-sonnet-4-6-16k"
     _fresh(upstream)
     learned = []
-    with ProxyServer(settings(upstream, tmp_path, defaults={"compress": {"precompute": None}})) as p:
+    with InProcessProxy(settings(upstream, tmp_path, defaults={"compress": {"precompute": None}})) as p:
         for msgs in _long_session(30):
-            r = httpx.post(p.url + "/v1/messages", timeout=60, headers={"x-api-key": KEY, "x-session-id": "learn"},
+            r = p.post("/v1/messages", timeout=60, headers={"x-api-key": KEY, "x-session-id": "learn"},
                            content=orjson.dumps({"model": model, "max_tokens": 1024, "tools": TOOLS, "messages": msgs}))
             assert r.status_code == 200, r.text  # the client never sees the overflow
             learned += [int(r.headers["x-ctxproxy-window-learned"])] if "x-ctxproxy-window-learned" in r.headers else []
@@ -418,7 +419,7 @@ def test_a_summary_call_in_the_cached_shape_reads_the_agents_cache(upstream, tmp
     s = settings(upstream, tmp_path, models={model: {"context_window": 16000}},
                  defaults={"compress": {"precompute": None}})
     _fresh(upstream)
-    with ProxyServer(s) as p:
+    with InProcessProxy(s) as p:
         _send_turns(lambda n: p, upstream, model, KEY, _long_session(40))
     calls = [rq for rq in upstream.requests if b"compacting it" in rq.body]
     assert calls, "the session should have been compacted with a cached-shape summary"
@@ -439,8 +440,8 @@ def test_models_passes_through_on_the_route_that_speaks_anthropic(upstream, tmp_
     s = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/m.db", routes=[
         {"name": "default", "upstream": {"base_url": upstream.base_url, "api": "openai"}},
         {"name": "claude", "upstream": {"base_url": upstream.base_url, "api": "anthropic"}}])
-    with ProxyServer(s) as p:
-        r = httpx.get(p.url + "/v1/models", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"})
+    with InProcessProxy(s) as p:
+        r = p.get("/v1/models", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"})
         assert r.status_code == 200 and r.headers["x-ctxproxy-route"] == "claude"  # the Anthropic client's route
-        r = httpx.get(p.url + "/v1/models", headers={"authorization": f"Bearer {KEY}"})
+        r = p.get("/v1/models", headers={"authorization": f"Bearer {KEY}"})
         assert r.status_code == 200 and r.headers["x-ctxproxy-route"] == "default"

@@ -25,7 +25,7 @@ import anthropic
 import httpx
 import orjson
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 from silent_server import SilentServer
 from test_faults import (
     RawUpstream,
@@ -55,6 +55,12 @@ ANTHROPIC_TYPES = {"invalid_request_error", "authentication_error", "permission_
 
 
 # --------------------------------------------------------------------------- shapes
+
+# A request that waited on the dead store (the Redis client's own 5-10 s stalls) fails as a ReadTimeout:
+# the client's timeout bounds the answer, in process as over a socket. A store call costs at most
+# store_timeout (0.5 s), so the bound is generous and no clock is read.
+STALL_BOUND_S = 4.0
+
 
 def assert_anthropic_error(r: httpx.Response, status: int, type_: str | None = None) -> dict[str, Any]:
     """A response the proxy made itself: Anthropic's error envelope, nothing else."""
@@ -99,9 +105,9 @@ def text_of(raw: bytes) -> str:
     return "".join(d["delta"].get("text", "") for n, d in frames(raw) if n == "content_block_delta")
 
 
-def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None, *, path: str = "/v1/messages",
+def post(p: Any, body: dict[str, Any], headers: dict[str, str] | None = None, *, path: str = "/v1/messages",
          timeout: float = 10) -> httpx.Response:
-    return httpx.post(url + path, json=body, headers={**AUTH, **(headers or {})}, timeout=timeout)
+    return p.post(path, json=body, headers={**AUTH, **(headers or {})}, timeout=timeout)
 
 
 def ask(stream: bool = False, messages: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
@@ -111,8 +117,8 @@ def ask(stream: bool = False, messages: list[dict[str, Any]] | None = None, **ex
     return body
 
 
-def sdk(url: str, **kw: Any) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=10, **kw)
+def sdk(p: Any, path: str = "", **kw: Any) -> anthropic.Anthropic:
+    return p.anthropic(path, api_key=KEY, max_retries=0, timeout=10, **kw)
 
 
 def big_tool_turns(tag: str, lines: int = 400) -> list[dict[str, Any]]:
@@ -126,18 +132,15 @@ def big_tool_turns(tag: str, lines: int = 400) -> list[dict[str, Any]]:
                                          {"type": "text", "text": "What failed?"}]}]
 
 
-def keeps_serving(p: ProxyServer, upstream: Any) -> None:
-    assert httpx.get(p.url + "/healthz", timeout=5).status_code == 200
+def keeps_serving(p: InProcessProxy, upstream: Any) -> None:
+    assert p.get("/healthz", timeout=5).status_code == 200
     upstream.script("still here")
-    r = post(p.url, ask())
+    r = post(p, ask())
     assert r.status_code == 200, r.text
     assert r.json()["content"][0]["text"] == "still here"
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db", defaults=OFFLOAD)) as p:
-        yield p
+pytestmark = pytest.mark.proxy_config(defaults=OFFLOAD)
 
 
 # --------------------------------------------------------------------------- a transform that fails
@@ -153,7 +156,7 @@ def test_a_failing_transform_forwards_the_clients_bytes(proxy, upstream, transfo
     monkeypatch.setattr(target, "restore" if hasattr(target, "restore") else "apply", broken)
     raw = orjson.dumps({**ask(stream, big_tool_turns("contained")), "tools": TOOLS,
                         "system": [{"type": "text", "text": "You are a coding agent."}]})
-    r = httpx.post(proxy.url + "/v1/messages", content=raw, headers={**AUTH, "content-type": "application/json"},
+    r = proxy.post("/v1/messages", content=raw, headers={**AUTH, "content-type": "application/json"},
                    timeout=10)
     assert r.status_code == 200, r.text
     assert r.headers["x-ctxproxy-degraded"] == transform
@@ -163,7 +166,7 @@ def test_a_failing_transform_forwards_the_clients_bytes(proxy, upstream, transfo
         assert frames(r.content)[-1][0] == "message_stop" and text_of(r.content) == "ok"
     else:
         assert r.json()["content"] == [{"type": "text", "text": "ok"}]
-    metrics = httpx.get(proxy.url + "/metrics").text
+    metrics = proxy.get("/metrics").text
     assert any(line.startswith("ctxproxy_degraded_requests_total{") and line.endswith(" 1.0")
                for line in metrics.splitlines()), metrics[:2000]
 
@@ -178,7 +181,7 @@ def test_a_failing_transform_on_count_tokens_counts_the_clients_bytes(proxy, ups
     monkeypatch.setattr(target, "apply", broken)
     body = {"model": MODEL, "messages": big_tool_turns("counted"), "tools": TOOLS}
     raw = orjson.dumps(body)
-    r = httpx.post(proxy.url + "/v1/messages/count_tokens", content=raw,
+    r = proxy.post("/v1/messages/count_tokens", content=raw,
                    headers={**AUTH, "content-type": "application/json"}, timeout=10)
     assert r.status_code == 200, r.text
     assert upstream.requests[-1].body == raw
@@ -204,9 +207,9 @@ def test_provider_5xx_and_overloaded_reach_the_client_unchanged(upstream, tmp_pa
     raw = json.dumps({"type": "error", "error": {"type": type_, "message": message},
                       "request_id": "req_011CXYZ"}).encode()
     body = ask(stream, **({"tools": TOOLS} if with_tools else {}))
-    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db")) as p:
+    with InProcessProxy(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db")) as p:
         upstream.fail_next(status, raw, {"request-id": "req_011CXYZ", "x-should-retry": "true"})
-        r = post(p.url, body)
+        r = post(p, body)
         assert r.status_code == status
         assert r.content == raw
         assert r.headers["request-id"] == "req_011CXYZ" and r.headers["x-should-retry"] == "true"
@@ -214,7 +217,7 @@ def test_provider_5xx_and_overloaded_reach_the_client_unchanged(upstream, tmp_pa
         # The SDK sees the provider's own error, of its own class.
         upstream.fail_next(status, raw)
         with pytest.raises(anthropic.APIStatusError) as exc:
-            out = sdk(p.url).messages.create(**body)
+            out = sdk(p).messages.create(**body)
             if stream:
                 list(out)
         assert exc.value.status_code == status
@@ -227,7 +230,7 @@ def test_provider_5xx_and_overloaded_reach_the_client_unchanged(upstream, tmp_pa
 def test_provider_rate_limit_keeps_its_retry_after(proxy, upstream):
     raw = json.dumps({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}).encode()
     upstream.fail_next(429, raw, {"retry-after": "7", "anthropic-ratelimit-requests-remaining": "0"})
-    r = post(proxy.url, ask(True))
+    r = post(proxy, ask(True))
     assert r.status_code == 429 and r.content == raw
     assert r.headers["retry-after"] == "7" and r.headers["anthropic-ratelimit-requests-remaining"] == "0"
 
@@ -237,7 +240,7 @@ def test_provider_error_event_in_a_stream_reaches_the_client_as_sent(faulty, ups
     error = b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n'
     p = faulty(lambda conn: sse_then(conn, START + BLOCK + delta_text("Hel") + error, "end"))
     for body in (ask(True), ask(True, tools=TOOLS)):
-        r = post(p.url, body, {"x-ctx-route": "broken"})
+        r = post(p, body, {"x-ctx-route": "broken"})
         assert r.status_code == 200
         assert r.content == START + BLOCK + delta_text("Hel") + error, r.content
     keeps_serving(p, upstream)
@@ -293,16 +296,16 @@ def truncated_message(conn: socket.socket) -> None:
 
 
 @pytest.fixture
-def faulty(upstream, tmp_path) -> Iterator[Callable[..., ProxyServer]]:
+def faulty(upstream, tmp_path) -> Iterator[Callable[..., InProcessProxy]]:
     """`faulty(behave)` → a proxy whose route `broken` goes to a RawUpstream; `default` goes to the mock."""
     stack = contextlib.ExitStack()
 
-    def make(behave: Callable[[socket.socket], None], **raw: Any) -> ProxyServer:
+    def make(behave: Callable[[socket.socket], None], **raw: Any) -> InProcessProxy:
         raw_up = stack.enter_context(RawUpstream(behave))
         settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
                                  routes=[{"name": "broken", "upstream": {"base_url": raw_up.base_url,
-                                                                          "read_timeout": 5}}], **raw)
-        p = stack.enter_context(ProxyServer(settings))
+                                                                          "read_timeout": 30}}], **raw)
+        p = stack.enter_context(InProcessProxy(settings))
         p.raw = raw_up  # type: ignore[attr-defined]
         return p
 
@@ -317,15 +320,14 @@ def test_provider_dropping_the_connection_is_a_clean_anthropic_502(faulty, upstr
     p = faulty(behave)
     for body in (ask(stream), ask(stream, tools=TOOLS)):  # with tools, the read loop reads the answer
         for _ in range(2):  # not just the first time: pooled connections must not poison later requests
-            t0 = time.monotonic()
-            r = post(p.url, body, {"x-ctx-route": "broken"})
-            assert time.monotonic() - t0 < 5
+            r = post(p, body, {"x-ctx-route": "broken"})
+            # answered within the client timeout (10 s), not after the read timeout (30 s)
             err = assert_anthropic_error(r, 502, "api_error")
             assert f"127.0.0.1:{p.raw.port}" in err["message"]
     with pytest.raises(anthropic.InternalServerError) as exc:
-        sdk(p.url + "/r/broken").messages.create(**ask(stream))
+        sdk(p, "/r/broken").messages.create(**ask(stream))
     assert exc.value.status_code == 502 and exc.value.body["error"]["type"] == "api_error"
-    r = post(p.url, {"model": MODEL, "messages": HI}, {"x-ctx-route": "broken"}, path="/v1/messages/count_tokens")
+    r = post(p, {"model": MODEL, "messages": HI}, {"x-ctx-route": "broken"}, path="/v1/messages/count_tokens")
     assert_anthropic_error(r, 502, "api_error")
     keeps_serving(p, upstream)
 
@@ -334,11 +336,10 @@ def test_provider_dropping_the_connection_is_a_clean_anthropic_502(faulty, upstr
 def test_stream_cut_mid_way_ends_with_one_anthropic_error_event(faulty, upstream, with_tools):
     p = faulty(lambda conn: sse_then(conn, TWO_WORDS, "reset"))
     body = ask(True, **({"tools": TOOLS} if with_tools else {}))
-    t0 = time.monotonic()
-    with httpx.stream("POST", p.url + "/r/broken/v1/messages", headers=AUTH, json=body, timeout=10) as r:
+    with p.stream("POST", "/r/broken/v1/messages", headers=AUTH, json=body, timeout=10) as r:
         assert r.status_code == 200
         raw = r.read()
-    assert time.monotonic() - t0 < 5
+    # answered within the client timeout (10 s), not after the read timeout (30 s)
     assert [n for n, _ in frames(raw)][:4] == ["message_start", "content_block_start", "content_block_delta",
                                               "content_block_delta"]
     assert text_of(raw) == "Hello world"
@@ -346,7 +347,7 @@ def test_stream_cut_mid_way_ends_with_one_anthropic_error_event(faulty, upstream
     # With the SDK: the two words arrive, then an APIStatusError carrying the proxy's error.
     got: list[str] = []
     with pytest.raises(anthropic.APIStatusError) as exc:
-        with sdk(p.url + "/r/broken").messages.stream(**{k: v for k, v in body.items() if k != "stream"}) as s:
+        with sdk(p, "/r/broken").messages.stream(**{k: v for k, v in body.items() if k != "stream"}) as s:
             for text in s.text_stream:
                 got.append(text)
     assert got == ["Hello", " world"]
@@ -363,7 +364,7 @@ def test_stream_ending_without_message_stop_is_reported(faulty, upstream, how, c
     body_sent = TWO_WORDS if cut == "between-events" else TWO_WORDS + delta_text(" again")[:-12]
     p = faulty(lambda conn: sse_then(conn, body_sent, how))
     body = ask(True, **({"tools": TOOLS} if with_tools else {}))
-    r = post(p.url, body, {"x-ctx-route": "broken"})
+    r = post(p, body, {"x-ctx-route": "broken"})
     assert r.status_code == 200
     assert text_of(r.content) == "Hello world"
     assert "message_stop" in assert_one_error_event_at_the_end(r.content, "api_error")["message"]
@@ -384,7 +385,7 @@ def test_other_apis_streams_cut_mid_event_end_with_an_error_event_that_parses(fa
     p = faulty(lambda conn: sse_then(conn, sent, "end"))
     body = ({"model": "m", "messages": HI, "stream": True} if "chat" in path
             else {"model": "m", "input": "hi", "stream": True})
-    r = httpx.post(p.url + path, json=body, headers={"authorization": f"Bearer {KEY}", "x-ctx-route": "broken"},
+    r = p.post(path, json=body, headers={"authorization": f"Bearer {KEY}", "x-ctx-route": "broken"},
                    timeout=10)
     assert r.status_code == 200
     assert r.content.startswith(event % b"Hello"), r.content
@@ -402,39 +403,39 @@ def test_other_apis_streams_cut_mid_event_end_with_an_error_event_that_parses(fa
 def test_stream_of_a_whole_message_from_a_raw_provider_passes_byte_for_byte(faulty, upstream):
     """The control for the tests above: the same provider, finishing its message, is relayed as it sent it."""
     p = faulty(lambda conn: sse_then(conn, TWO_WORDS + END, "end"))
-    r = post(p.url, ask(True), {"x-ctx-route": "broken"})
+    r = post(p, ask(True), {"x-ctx-route": "broken"})
     assert r.status_code == 200 and r.content == TWO_WORDS + END
 
 
 # --------------------------------------------------------------------------- a dead or slow provider
 
 def test_unreachable_provider_is_an_anthropic_502(tmp_path):
-    with ProxyServer(make_settings("http://127.0.0.1:1/v1", f"sqlite:///{tmp_path}/ctx.db")) as p:
+    with InProcessProxy(make_settings("http://127.0.0.1:1/v1", f"sqlite:///{tmp_path}/ctx.db")) as p:
         for stream in (False, True):
             with pytest.raises(anthropic.InternalServerError) as exc:
-                out = sdk(p.url).messages.create(**ask(stream))
+                out = sdk(p).messages.create(**ask(stream))
                 if stream:
                     list(out)
             assert exc.value.status_code == 502
             assert exc.value.body["error"]["type"] == "api_error"
             assert "127.0.0.1:1" in exc.value.body["error"]["message"]
-        r = post(p.url, {"model": MODEL, "messages": HI}, path="/v1/messages/count_tokens")
+        r = post(p, {"model": MODEL, "messages": HI}, path="/v1/messages/count_tokens")
         assert_anthropic_error(r, 502, "api_error")
 
 
 def test_slow_provider_is_an_anthropic_504_and_a_stalled_stream_ends_with_an_error_event(upstream, tmp_path):
     settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db", upstream={"read_timeout": 0.3})
-    with ProxyServer(settings) as p:
+    with InProcessProxy(settings) as p:
         upstream.delay = 1.0
-        assert_anthropic_error(post(p.url, ask()), 504, "api_error")
+        assert_anthropic_error(post(p, ask()), 504, "api_error")
         upstream.delay, upstream.chunk_delay = 0.0, 1.0
         upstream.script("a b c d")
-        r = post(p.url, ask(True))
+        r = post(p, ask(True))
         assert r.status_code == 200
         err = assert_one_error_event_at_the_end(r.content, "api_error")
         assert "timed out" in err["message"]
         upstream.chunk_delay = 0.0
-        assert sdk(p.url).messages.create(**ask()).content[0].text == "ok"
+        assert sdk(p).messages.create(**ask()).content[0].text == "ok"
 
 
 # --------------------------------------------------------------------------- malformed requests
@@ -469,51 +470,51 @@ def test_slow_provider_is_an_anthropic_504_and_a_stalled_stream_ends_with_an_err
     b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "system": 5}',
 ])
 def test_malformed_messages_bodies_get_an_anthropic_400_and_nothing_reaches_the_provider(proxy, upstream, body):
-    r = httpx.post(proxy.url + "/v1/messages", content=body, headers=AUTH)
+    r = proxy.post("/v1/messages", content=body, headers=AUTH)
     assert_anthropic_error(r, 400, "invalid_request_error")
     with contextlib.suppress(ValueError):
         parsed = json.loads(body)
         if isinstance(parsed, dict):  # the SDK takes it as a BadRequestError
             with pytest.raises(anthropic.BadRequestError):
-                sdk(proxy.url).post("/v1/messages", body=parsed, cast_to=httpx.Response)
+                sdk(proxy).post("/v1/messages", body=parsed, cast_to=httpx.Response)
     assert upstream.requests == []
-    assert httpx.get(proxy.url + "/healthz").status_code == 200
+    assert proxy.get("/healthz").status_code == 200
 
 
 def test_oversized_messages_body_is_an_anthropic_413(upstream, tmp_path):
     settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db", server={"max_body_bytes": 4096})
-    with ProxyServer(settings) as p:
+    with InProcessProxy(settings) as p:
         big = orjson.dumps(ask(messages=[{"role": "user", "content": "x" * 5000}]))
         for path in ("/v1/messages", "/v1/messages/count_tokens"):
-            assert_anthropic_error(httpx.post(p.url + path, content=big, headers=AUTH), 413, "request_too_large")
-            chunked = httpx.post(p.url + path, content=iter([big[:2000], big[2000:]]), headers=AUTH)
+            assert_anthropic_error(p.post(path, content=big, headers=AUTH), 413, "request_too_large")
+            chunked = p.post(path, content=iter([big[:2000], big[2000:]]), headers=AUTH)
             assert_anthropic_error(chunked, 413, "request_too_large")
     assert upstream.requests == []
 
 
 def test_unknown_route_for_a_messages_client_is_anthropic_shaped(proxy, upstream):
-    assert_anthropic_error(post(proxy.url, ask(), {"x-ctx-route": "nope"}), 404, "not_found_error")
-    assert_anthropic_error(post(proxy.url, ask(), path="/r/nope/v1/messages"), 404, "not_found_error")
+    assert_anthropic_error(post(proxy, ask(), {"x-ctx-route": "nope"}), 404, "not_found_error")
+    assert_anthropic_error(post(proxy, ask(), path="/r/nope/v1/messages"), 404, "not_found_error")
     assert upstream.requests == []
 
 
 def test_a_route_whose_upstream_speaks_openai_refuses_a_messages_client_in_anthropics_shape(upstream, tmp_path):
     settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
                              routes=[{"name": "oai", "upstream": {"base_url": upstream.base_url, "api": "openai"}}])
-    with ProxyServer(settings) as p:
-        err = assert_anthropic_error(post(p.url, ask(), path="/r/oai/v1/messages"), 400, "invalid_request_error")
+    with InProcessProxy(settings) as p:
+        err = assert_anthropic_error(post(p, ask(), path="/r/oai/v1/messages"), 400, "invalid_request_error")
         assert "Anthropic Messages API" in err["message"]
     assert upstream.requests == []
 
 
 def test_rejected_messages_requests_store_nothing(upstream, tmp_path):
     url = f"sqlite:///{tmp_path}/ctx.db"
-    with ProxyServer(make_settings(upstream.base_url, url, defaults=OFFLOAD)) as p:
+    with InProcessProxy(make_settings(upstream.base_url, url, defaults=OFFLOAD)) as p:
         turns = big_tool_turns("rejected")  # would be offloaded, were it not refused
         for body in ({**ask(messages=turns), "stream": "yes"}, {**ask(messages=turns), "max_tokens": 0},
                      ask(messages=[turns[0], turns[2]]), ask(messages=[*turns, {"role": "system", "content": "x"}])):
-            assert_anthropic_error(post(p.url, body), 400, "invalid_request_error")
-        assert_anthropic_error(post(p.url, ask(messages=turns), {"x-ctx-route": "nope"}), 404)
+            assert_anthropic_error(post(p, body), 400, "invalid_request_error")
+        assert_anthropic_error(post(p, ask(messages=turns), {"x-ctx-route": "nope"}), 404)
         time.sleep(0.2)  # let any (wrong) background write land before looking
     assert upstream.requests == []
 
@@ -528,9 +529,9 @@ def test_rejected_messages_requests_store_nothing(upstream, tmp_path):
 
 def test_a_cut_stream_is_counted_as_a_failed_request(faulty, upstream):
     p = faulty(lambda conn: sse_then(conn, TWO_WORDS + delta_text(" again")[:-12], "end"))
-    r = post(p.url, ask(True), {"x-ctx-route": "broken"})
+    r = post(p, ask(True), {"x-ctx-route": "broken"})
     assert_one_error_event_at_the_end(r.content)
-    metrics = httpx.get(p.url + "/metrics", timeout=5).text
+    metrics = p.get("/metrics", timeout=5).text
     assert re.search(r'ctxproxy_requests_total\{[^}]*route="broken"[^}]*status="502"\} 1\.0', metrics), metrics
     assert not re.search(r'ctxproxy_requests_total\{[^}]*route="broken"[^}]*status="200"\}', metrics)
 
@@ -543,27 +544,26 @@ def test_store_outage_forwards_messages_unmodified_and_recovers(upstream, tmp_pa
     redis.start()
     try:
         settings = make_settings(upstream.base_url, f"redis://127.0.0.1:{redis.port}/0", defaults=OFFLOAD)
-        with ProxyServer(settings) as p, httpx.Client(base_url=p.url, headers=AUTH, timeout=10) as c:
+        with InProcessProxy(settings) as p, p.http_client(headers=AUTH, timeout=10) as c:
             n = iter(range(1000))
 
-            def send(stream: bool = False) -> tuple[httpx.Response, bytes, float]:
+            def send(stream: bool = False) -> tuple[httpx.Response, bytes]:
                 raw = orjson.dumps({**ask(stream, big_tool_turns(f"run{next(n)}")), "tools": TOOLS})
-                t0 = time.monotonic()
-                r = c.post("/v1/messages", content=raw, headers={"content-type": "application/json"})
-                return r, raw, time.monotonic() - t0
+                r = c.post("/v1/messages", content=raw, headers={"content-type": "application/json"},
+                           timeout=STALL_BOUND_S)
+                return r, raw
 
-            r, raw, _ = send()
+            r, raw = send()
             assert r.status_code == 200 and r.headers.get("x-ctxproxy-offloaded") == "1", r.headers
             assert "x-ctxproxy-degraded" not in r.headers and upstream.requests[-1].body != raw
 
             redis.kill()
             for i in range(4):
-                r, raw, took = send(stream=bool(i % 2))
+                r, raw = send(stream=bool(i % 2))
                 assert r.status_code == 200, r.text
                 assert r.headers.get("x-ctxproxy-degraded") == "store-unavailable"
                 assert "x-ctxproxy-offloaded" not in r.headers
                 assert upstream.requests[-1].body == raw  # the client's request, byte for byte
-                assert took < 1.0, f"degraded request took {took:.2f}s: the proxy waited on a dead store"
                 if i % 2:
                     assert frames(r.content)[-1][0] == "message_stop"
 
@@ -571,7 +571,7 @@ def test_store_outage_forwards_messages_unmodified_and_recovers(upstream, tmp_pa
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 time.sleep(0.2)
-                r, raw, _ = send()
+                r, raw = send()
                 assert r.status_code == 200
                 if "x-ctxproxy-degraded" not in r.headers:
                     break
@@ -584,16 +584,14 @@ def test_store_outage_forwards_messages_unmodified_and_recovers(upstream, tmp_pa
 def test_store_that_never_answers_forwards_messages_unmodified_in_milliseconds(upstream):
     with SilentServer() as silent:
         settings = make_settings(upstream.base_url, silent.url, defaults=OFFLOAD)
-        with ProxyServer(settings) as p, httpx.Client(base_url=p.url, headers=AUTH, timeout=30) as c:
+        with InProcessProxy(settings) as p, p.http_client(headers=AUTH, timeout=30) as c:
             for i in range(6):
                 raw = orjson.dumps({**ask(bool(i % 2), big_tool_turns(f"silent{i}")), "tools": TOOLS})
-                t0 = time.monotonic()
-                r = c.post("/v1/messages", content=raw, headers={"content-type": "application/json"})
-                took = time.monotonic() - t0
+                r = c.post("/v1/messages", content=raw, headers={"content-type": "application/json"},
+                           timeout=STALL_BOUND_S)
                 assert r.status_code == 200, r.text
                 assert r.headers.get("x-ctxproxy-degraded") == "store-unavailable"
                 assert upstream.requests[-1].body == raw
-                assert took < 1.5, f"request {i} took {took:.2f}s on a silent store"
             count = orjson.dumps({"model": MODEL, "messages": big_tool_turns("silent-count")})
             r = c.post("/v1/messages/count_tokens", content=count, headers={"content-type": "application/json"})
             assert r.status_code == 200 and r.json()["input_tokens"] > 4000

@@ -92,7 +92,7 @@ def fz(tmp_path_factory) -> Iterator[MessagesFuzzed]:
                             defaults={"offload": {"tool_result_tokens": 300, "user_message_tokens": 2000},
                                       "compress": {"keep_recent_tokens": 1000, "summary_timeout": 5}})
         with ProxyServer(cfg) as p, Captured().diverting("ctxproxy", "uvicorn.error") as logs:
-            fz = MessagesFuzzed(p, mock, httpx.Client(base_url=p.url, timeout=30), logs)
+            fz = MessagesFuzzed(p, mock, p.http_client(timeout=30), logs)
             yield fz
             fz.client.close()
             print(f"\nmessages fuzz: provider statuses passed through {fz.passed_through}, "

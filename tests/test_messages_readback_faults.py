@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from mock_upstream import MockUpstream
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 from test_faults import RawUpstream, read_request
 from test_messages_faults import (
     AUTH,
@@ -92,10 +92,7 @@ def streamed_text(text: str, index: int = 0) -> bytes:
             + ev({"type": "content_block_stop", "index": index}))
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db", defaults=OFFLOAD)) as p:
-        yield p
+pytestmark = pytest.mark.proxy_config(defaults=OFFLOAD)
 
 
 def body(stream: bool) -> dict[str, Any]:
@@ -103,11 +100,11 @@ def body(stream: bool) -> dict[str, Any]:
             "stream": stream}
 
 
-def send(p: ProxyServer, stream: bool, url: str | None = None) -> httpx.Response:
-    return httpx.post((url or p.url) + "/v1/messages", json=body(stream), headers=AUTH, timeout=20)
+def send(p: InProcessProxy, stream: bool) -> httpx.Response:
+    return p.post("/v1/messages", json=body(stream), headers=AUTH, timeout=20)
 
 
-def learn_handle(p: ProxyServer, upstream: MockUpstream) -> str:
+def learn_handle(p: InProcessProxy, upstream: MockUpstream) -> str:
     """The handle the proxy gives the big tool result: a first request shows it; then the mock is reset."""
     r = send(p, stream=False)
     assert r.status_code == 200 and r.headers.get("x-ctxproxy-offloaded") == "1", (r.status_code, r.headers)
@@ -335,12 +332,12 @@ def _read_call_then_hang_up(conn: socket.socket, n: itertools.count, handle: str
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_transport_failure_in_a_hidden_round_is_one_clean_anthropic_error(tmp_path, stream):
-    with MockUpstream() as mock, ProxyServer(make_settings(mock.base_url, f"sqlite:///{tmp_path}/ctx.db",
+    with MockUpstream() as mock, InProcessProxy(make_settings(mock.base_url, f"sqlite:///{tmp_path}/ctx.db",
                                                            defaults=OFFLOAD)) as learn:
         handle = learn_handle(learn, mock)
     n = itertools.count()
     with RawUpstream(lambda conn: _read_call_then_hang_up(conn, n, handle, stream)) as raw, \
-            ProxyServer(make_settings(raw.base_url, f"sqlite:///{tmp_path}/ctx.db", defaults=OFFLOAD)) as p:
+            InProcessProxy(make_settings(raw.base_url, f"sqlite:///{tmp_path}/ctx.db", defaults=OFFLOAD)) as p:
         r = send(p, stream)
         assert raw.connections >= 2  # the hidden round was asked (a connection closed unanswered is retried once)
     if stream:

@@ -9,20 +9,14 @@ import time
 import httpx
 import orjson
 import pytest
-from proxy_server import ProxyServer, make_settings
 
 from proxy.accounting.metrics import MAX_OTHER_MODELS, ModelLabels
 
 NAMES = 5_000
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
-                             models={"my-local-model": {"context_window": 32000}},
-                             routes=[{"name": "coding", "match": {"model": "coder-*"}}])
-    with ProxyServer(settings) as p:
-        yield p
+pytestmark = pytest.mark.proxy_config(real=True, models={"my-local-model": {"context_window": 32000}},
+                                      routes=[{"name": "coding", "match": {"model": "coder-*"}}])
 
 
 async def _send_all(url: str, models: list[str], connections: int = 8) -> list[int]:
@@ -71,7 +65,7 @@ def test_five_thousand_made_up_models_keep_metrics_small(proxy, upstream):
     pinger.start()
     try:
         for _ in range(3):
-            r = httpx.get(proxy.url + "/metrics", timeout=60)
+            r = proxy.get("/metrics", timeout=60)
     finally:
         stop.set()
         pinger.join()
@@ -97,7 +91,7 @@ def test_metrics_render_off_the_event_loop(proxy, upstream):
     pinger = threading.Thread(target=healthz_times, args=(proxy.url, stop, times))
     pinger.start()
     try:
-        r = httpx.get(proxy.url + "/metrics", timeout=30)
+        r = proxy.get("/metrics", timeout=30)
     finally:
         stop.set()
         pinger.join()

@@ -6,10 +6,9 @@ import json
 import re
 import uuid
 
-import httpx
 import openai
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 
 KEY = "sk-tenant-a"
 HANDLE = re.compile(r'context_read\(handle="(ctx_[0-9a-f]+)"')
@@ -32,18 +31,19 @@ def history(tool_text: str) -> list[dict]:
             {"role": "tool", "tool_call_id": "call_1", "content": tool_text}]
 
 
+def offload_config(**offload) -> dict:
+    return {"defaults": {"offload": {"tool_result_tokens": 2000, **offload}}}
+
+
 def offload_settings(upstream, store: str, **offload) -> object:
-    return make_settings(upstream.base_url, store, defaults={"offload": {"tool_result_tokens": 2000, **offload}})
+    return make_settings(upstream.base_url, store, **offload_config(**offload))
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    with ProxyServer(offload_settings(upstream, f"sqlite:///{tmp_path}/ctx.db")) as p:
-        yield p
+pytestmark = pytest.mark.proxy_config(**offload_config())
 
 
-def client(proxy: ProxyServer, key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+def client(proxy: InProcessProxy, key: str = KEY) -> openai.OpenAI:
+    return proxy.openai("/v1", api_key=key, max_retries=0)
 
 
 def sent_messages(upstream) -> list[dict]:
@@ -94,8 +94,8 @@ def test_offload_without_client_tools_still_gives_the_model_the_read_tool(proxy,
 
 def test_plain_chat_without_tools_is_forwarded_byte_for_byte(proxy, upstream):
     sent = []
-    c = openai.OpenAI(base_url=proxy.url + "/v1", api_key=KEY, max_retries=0,
-                      http_client=httpx.Client(event_hooks={"request": [sent.append]}))
+    c = proxy.openai("/v1", api_key=KEY, max_retries=0,
+                     http_client=proxy.http_client(event_hooks={"request": [sent.append]}))
     c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     assert upstream.requests[-1].body == sent[-1].content
 
@@ -104,7 +104,7 @@ def test_big_user_message_and_text_parts_are_offloaded_images_kept(upstream, tmp
     settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db",
                              defaults={"offload": {"user_message_tokens": 3000}})
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    with ProxyServer(settings) as p:
+    with InProcessProxy(settings) as p:
         client(p).chat.completions.create(model="gpt-4o", messages=[
             {"role": "user", "content": [{"type": "text", "text": big_log(2000)}, image,
                                          {"type": "text", "text": "What failed?"}]}])
@@ -165,7 +165,7 @@ def test_mixed_calls_return_only_client_calls_renumbered(proxy, upstream, stream
 
 def test_read_rounds_are_bounded(upstream, tmp_path):
     cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db", defaults={"context_read": {"rounds": 2}})
-    with ProxyServer(cfg) as p:
+    with InProcessProxy(cfg) as p:
         loop = {"tool_calls": [{"name": "context_read", "arguments": {"handle": "ctx_0"}}]}
         upstream.script(loop, loop, loop, loop)
         out = client(p).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history("x"))
@@ -177,11 +177,11 @@ def test_handles_are_scoped_to_the_api_key(proxy, upstream):
     text = big_log()
     client(proxy).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history(text))
     handle = HANDLE.search(sent_messages(upstream)[3]["content"]).group(1)
-    own = httpx.get(f"{proxy.url}/ctx/v1/blobs/{handle}", headers={"authorization": f"Bearer {KEY}"})
+    own = proxy.get(f"/ctx/v1/blobs/{handle}", headers={"authorization": f"Bearer {KEY}"})
     assert own.status_code == 200 and own.text == text
-    other = httpx.get(f"{proxy.url}/ctx/v1/blobs/{handle}", headers={"authorization": "Bearer sk-tenant-b"})
+    other = proxy.get(f"/ctx/v1/blobs/{handle}", headers={"authorization": "Bearer sk-tenant-b"})
     assert other.status_code == 404 and other.json()["error"]["code"] == "handle_not_found"
-    assert httpx.get(f"{proxy.url}/ctx/v1/blobs/{handle}").status_code == 401
+    assert proxy.get(f"/ctx/v1/blobs/{handle}").status_code == 401
     upstream.script({"tool_calls": [{"name": "context_read", "arguments": {"handle": handle}}]}, "done")
     client(proxy, "sk-tenant-b").chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history("small"))
     answer = sent_messages(upstream)[-1]["content"]
@@ -189,7 +189,7 @@ def test_handles_are_scoped_to_the_api_key(proxy, upstream):
 
 
 def _bodies_through(settings, upstream, turns: int = 2) -> list[bytes]:
-    with ProxyServer(settings) as p:
+    with InProcessProxy(settings) as p:
         for _ in range(turns):
             client(p).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history(big_log()))
     return [r.body for r in upstream.requests]
@@ -210,7 +210,7 @@ def test_two_proxies_sharing_redis_rewrite_identically(upstream):
     salt_key = f"sk-{uuid.uuid4()}"  # a fresh tenant: nothing recorded before
     a = offload_settings(upstream, store)
     b = offload_settings(upstream, store, preview_head_lines=2)
-    with ProxyServer(a) as pa, ProxyServer(b) as pb:
+    with InProcessProxy(a) as pa, InProcessProxy(b) as pb:
         for p in (pa, pb, pa, pb):
             client(p, salt_key).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history(big_log()))
     bodies = {r.body for r in upstream.requests}
@@ -218,7 +218,7 @@ def test_two_proxies_sharing_redis_rewrite_identically(upstream):
 
 
 def test_store_down_forwards_unmodified_and_says_so(upstream):
-    with ProxyServer(offload_settings(upstream, "redis://127.0.0.1:1/0")) as p:
+    with InProcessProxy(offload_settings(upstream, "redis://127.0.0.1:1/0")) as p:
         raw = client(p).chat.completions.with_raw_response.create(model="gpt-4o", tools=TOOLS,
                                                                   messages=history(big_log()))
     assert raw.headers["x-ctxproxy-degraded"] == "store-unavailable"
@@ -230,20 +230,20 @@ def test_a_replayed_offload_never_tokenizes_the_original(upstream, tmp_path, mon
     from proxy.tokens.encodings import get_encoding
 
     store, text = f"sqlite:///{tmp_path}/c.db", big_log()
-    with ProxyServer(offload_settings(upstream, store)) as p:  # decides, and records the decision
+    with InProcessProxy(offload_settings(upstream, store)) as p:  # decides, and records the decision
         client(p).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history(text))
     enc, seen = get_encoding("o200k_base"), []
     real = enc.encode_ordinary
     monkeypatch.setattr(enc, "encode_ordinary", lambda t: seen.append(len(t)) or real(t))
     default_counter.clear()
-    with ProxyServer(offload_settings(upstream, store)) as p:  # a restart: replays it
+    with InProcessProxy(offload_settings(upstream, store)) as p:  # a restart: replays it
         client(p).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history(text))
     assert HANDLE.search(sent_messages(upstream)[3]["content"])
     # The rewrite replays the decision without counting the original; the figures count the client's own
     # prompt once after a restart (tokens saved = client's tokens - sent), and never again for that content.
     assert seen and sum(1 for n in seen if n >= len(text) // 10) <= 1
     seen.clear()
-    with ProxyServer(offload_settings(upstream, store)) as p:
+    with InProcessProxy(offload_settings(upstream, store)) as p:
         for _ in range(2):
             client(p).chat.completions.create(model="gpt-4o", tools=TOOLS, messages=history(text))
     assert sum(1 for n in seen if n >= len(text) // 10) <= 1

@@ -4,30 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 
 import httpx
 import openai
 import pytest
-from proxy_server import ProxyServer, make_settings
 
 KEY = "sk-test-client-key-123"
+# Offload off: no transform applies, so the proxy must be invisible.
+TRANSPARENT = {"defaults": {"offload": {"enabled": False}, "context_read": {"enabled": False},
+                            "status_bar": {"enabled": False}}}
+pytestmark = pytest.mark.proxy_config(**TRANSPARENT)
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    # Offload off: no transform applies, so the proxy must be invisible.
-    settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db",
-                             defaults={"offload": {"enabled": False}, "context_read": {"enabled": False},
-                                       "status_bar": {"enabled": False}})
-    with ProxyServer(settings) as p:
-        yield p
-
-
-def sdk(proxy: ProxyServer, recorder: list | None = None, path: str = "/v1") -> openai.OpenAI:
+def sdk(proxy, recorder: list | None = None, path: str = "/v1") -> openai.OpenAI:
     hooks = {"request": [lambda r: recorder.append(r)]} if recorder is not None else {}
-    return openai.OpenAI(base_url=proxy.url + path, api_key=KEY, max_retries=0,
-                         http_client=httpx.Client(event_hooks=hooks))
+    return proxy.openai(path, api_key=KEY, http_client=proxy.http_client(event_hooks=hooks))
 
 
 TOOLS = [{"type": "function", "function": {
@@ -51,32 +43,34 @@ def test_chat_completion_reaches_provider_byte_for_byte(proxy, upstream):
 def test_handwritten_body_keeps_key_order_escapes_and_unknown_fields(proxy, upstream):
     raw = (b'{ "messages" : [{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00", "x-extra": null}],'
            b' "model": "gpt-4o", "zzz": 1.50, "aaa": [true, false]}')
-    r = httpx.post(proxy.url + "/v1/chat/completions", content=raw,
+    r = proxy.post("/v1/chat/completions", content=raw,
                    headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"})
     assert r.status_code == 200, r.text
     assert upstream.requests[-1].body == raw
 
 
-def test_streaming_passes_chunks_through_as_they_arrive(proxy, upstream):
+def test_streaming_passes_chunks_through_as_they_arrive(make_proxy, upstream):
+    # The transport is the subject (ASGITransport buffers a response), so a real server. The provider holds
+    # its stream open until the client has read every word: a proxy that buffered the stream until the
+    # provider ended it would leave the provider waiting. Told without a clock.
+    proxy = make_proxy(real=True, **TRANSPARENT)
     upstream.script("one two three four five six")
-    upstream.chunk_delay = 0.15
-    client = sdk(proxy)
-    t0 = time.monotonic()
-    arrivals, parts = [], []
-    for chunk in client.chat.completions.create(model="gpt-4o-mini", stream=True,
-                                                messages=[{"role": "user", "content": "count"}]):
-        arrivals.append(time.monotonic() - t0)
+    upstream.stream_gate = gate = threading.Event()
+    parts = []
+    for chunk in sdk(proxy).chat.completions.create(model="gpt-4o-mini", stream=True,
+                                                    messages=[{"role": "user", "content": "count"}]):
         if chunk.choices and chunk.choices[0].delta.content:
             parts.append(chunk.choices[0].delta.content)
+            if "".join(parts) == "one two three four five six":
+                gate.set()  # the whole text arrived while the provider still held its stream open
     assert "".join(parts) == "one two three four five six"
-    # Several chunks spaced by the provider's delay: a buffering proxy would deliver all at the end.
-    assert len(arrivals) >= 5
-    assert arrivals[-1] - arrivals[0] >= 0.5
+    assert upstream.stream_released == [True]
 
 
 def test_stream_with_usage_and_tools_matches_direct_call(proxy, upstream):
-    def run(base: str) -> list:
-        client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0)
+    def run(base) -> list:
+        client = (openai.OpenAI(base_url=base, api_key=KEY, max_retries=0) if isinstance(base, str)
+                  else base.openai(api_key=KEY))
         upstream.script({"tool_calls": [{"name": "read_file", "arguments": {"path": "/etc/hosts"}}]})
         chunks = list(client.chat.completions.create(
             model="gpt-4o-mini", stream=True, stream_options={"include_usage": True}, tools=TOOLS,
@@ -85,7 +79,7 @@ def test_stream_with_usage_and_tools_matches_direct_call(proxy, upstream):
 
     direct = run(upstream.base_url)
     upstream.reset()
-    via = run(proxy.url + "/v1")
+    via = run(proxy)
     assert via == direct
     assert via[-1]["usage"]["prompt_tokens"] > 0
 
@@ -105,7 +99,7 @@ def test_tool_call_round_trip_with_sdk(proxy, upstream):
 
 
 async def test_async_client_concurrent_requests(proxy, upstream):
-    client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key=KEY, max_retries=0)
+    client = proxy.async_openai(api_key=KEY)
     outs = await asyncio.gather(*[client.chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": f"n{i}"}]) for i in range(10)])
     assert all(o.choices[0].message.content == "ok" for o in outs)
@@ -132,7 +126,7 @@ def test_responses_stream_passes_through(proxy, upstream):
 
 
 def test_other_requests_keep_method_query_headers_and_status(proxy, upstream):
-    r = httpx.request("PATCH", proxy.url + "/v1/echo/things?a=1&b=%C3%A9", content=b"\x00\x01raw",
+    r = proxy.request("PATCH", "/v1/echo/things?a=1&b=%C3%A9", content=b"\x00\x01raw",
                       headers={"authorization": f"Bearer {KEY}", "x-custom": "yes", "x-ctx-route": "default",
                                "connection": "keep-alive, x-hop", "x-hop": "drop-me"})
     assert r.status_code == 200 and r.headers["x-mock-echo"] == "1"
@@ -146,7 +140,7 @@ def test_provider_error_reaches_client_unchanged(proxy, upstream):
     body = {"error": {"message": "Rate limit reached for gpt-4o", "type": "requests", "param": None,
                       "code": "rate_limit_exceeded"}}
     upstream.fail_next(429, body, headers={"retry-after": "7"})
-    r = httpx.post(proxy.url + "/v1/chat/completions", json={"model": "m", "messages": []},
+    r = proxy.post("/v1/chat/completions", json={"model": "m", "messages": []},
                    headers={"authorization": f"Bearer {KEY}"})
     assert r.status_code == 429 and r.json() == body and r.headers["retry-after"] == "7"
     with pytest.raises(openai.BadRequestError) as exc:
@@ -156,9 +150,9 @@ def test_provider_error_reaches_client_unchanged(proxy, upstream):
 
 def test_provider_cookies_never_ride_along_on_later_requests(proxy, upstream):
     upstream.fail_next(200, {"object": "list", "data": []}, headers={"set-cookie": "__cf_bm=SECRET-A; Path=/"})
-    a = httpx.get(proxy.url + "/v1/models", headers={"authorization": "Bearer sk-tenant-a"})
+    a = proxy.get("/v1/models", headers={"authorization": "Bearer sk-tenant-a"})
     assert "__cf_bm=SECRET-A" in a.headers.get("set-cookie", "")  # the client that got it sees it
-    httpx.post(proxy.url + "/v1/chat/completions", headers={"authorization": "Bearer sk-tenant-b"},
+    proxy.post("/v1/chat/completions", headers={"authorization": "Bearer sk-tenant-b"},
                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
-    httpx.get(proxy.url + "/v1/models", headers={"authorization": "Bearer sk-tenant-b"})
+    proxy.get("/v1/models", headers={"authorization": "Bearer sk-tenant-b"})
     assert all("cookie" not in r.headers for r in upstream.requests[1:])

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 from test_faults import RawUpstream, read_request
 
 KEY = "sk-readback-faults"
@@ -62,15 +62,11 @@ READ_STREAM = sse(OPENING, chunk({"tool_calls": [TC]}), FINISH)
 READ_REPLY = dumps(calling([READ]))
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    with ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db")) as p:
-        yield p
 
 
-def chat(p: ProxyServer, stream: bool, url: str | None = None) -> httpx.Response:
+def chat(p: InProcessProxy, stream: bool) -> httpx.Response:
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "stream": stream}
-    return httpx.post((url or p.url + "/v1") + "/chat/completions", json=body, headers=AUTH, timeout=20)
+    return p.post("/v1/chat/completions", json=body, headers=AUTH, timeout=20)
 
 
 def events(body: bytes) -> list[Any]:
@@ -268,7 +264,7 @@ def _read_call_then_hang_up(conn: socket.socket, n: itertools.count, stream: boo
 def test_transport_failure_in_a_hidden_round_is_one_clean_error(upstream, tmp_path, stream):
     n = itertools.count()
     with RawUpstream(lambda conn: _read_call_then_hang_up(conn, n, stream)) as raw, \
-            ProxyServer(make_settings(raw.base_url, f"sqlite:///{tmp_path}/ctx.db")) as p:
+            InProcessProxy(make_settings(raw.base_url, f"sqlite:///{tmp_path}/ctx.db")) as p:
         r = chat(p, stream=stream)
     if stream:
         assert r.status_code == 200

@@ -10,7 +10,7 @@ import httpx
 import openai
 import orjson
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 
 KEY = "sk-responses"
 HANDLE = re.compile(r'context_read\(handle="(ctx_[0-9a-f]+)"')
@@ -36,44 +36,44 @@ def codex_input(output: str) -> list[dict]:
             {"type": "some_future_item", "payload": {"keep": [1, 2.50, "é"]}}]
 
 
+def config(**defaults) -> dict:
+    return {"defaults": {"offload": {"tool_result_tokens": 2000}, **defaults}}
+
+
 def settings(upstream, tmp_path, **defaults):
-    return make_settings(upstream.base_url, f"sqlite:///{tmp_path}/r.db",
-                         defaults={"offload": {"tool_result_tokens": 2000}, **defaults})
+    return make_settings(upstream.base_url, f"sqlite:///{tmp_path}/r.db", **config(**defaults))
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    with ProxyServer(settings(upstream, tmp_path)) as p:
-        yield p
+pytestmark = pytest.mark.proxy_config(**config())
 
 
-def client(proxy: ProxyServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.url + "/v1", api_key=KEY, max_retries=0)
+def client(proxy: InProcessProxy) -> openai.OpenAI:
+    return proxy.openai("/v1", api_key=KEY, max_retries=0)
 
 
 def sent(upstream) -> dict:
     return json.loads(upstream.requests[-1].body)
 
 
-def sessions(proxy: ProxyServer, want: int = 1) -> list[dict]:
+def sessions(proxy: InProcessProxy, want: int = 1) -> list[dict]:
     """The tenant's sessions once the background accounting has written `want` requests (or 5 s passed)."""
     import time
     deadline = time.monotonic() + 5
     while True:
-        rows = httpx.get(proxy.url + "/ctx/v1/sessions", headers={"authorization": f"Bearer {KEY}"}).json()["sessions"]
+        rows = proxy.get("/ctx/v1/sessions", headers={"authorization": f"Bearer {KEY}"}).json()["sessions"]
         if sum(r.get("requests", 0) for r in rows) >= want or time.monotonic() > deadline:
             return rows
         time.sleep(0.05)
 
 
-def post(proxy: ProxyServer, body: dict) -> httpx.Response:
-    return httpx.post(proxy.url + "/v1/responses", content=orjson.dumps(body), timeout=30,
+def post(proxy: InProcessProxy, body: dict) -> httpx.Response:
+    return proxy.post("/v1/responses", content=orjson.dumps(body), timeout=30,
                       headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"})
 
 
 def test_a_small_request_goes_upstream_byte_for_byte(proxy, upstream):
     raw = orjson.dumps({"model": "gpt-5", "input": "Say hi.", "instructions": "Be brief.", "store": False})
-    r = httpx.post(proxy.url + "/v1/responses", content=raw, headers={"authorization": f"Bearer {KEY}"})
+    r = proxy.post("/v1/responses", content=raw, headers={"authorization": f"Bearer {KEY}"})
     assert r.status_code == 200, r.text
     assert upstream.requests[-1].path == "/v1/responses" and upstream.requests[-1].body == raw
     assert r.headers["x-ctxproxy-session"].startswith("s-") and r.headers["x-ctxproxy-route"] == "default"
@@ -109,7 +109,7 @@ def test_the_same_request_is_rewritten_into_the_same_bytes(upstream, tmp_path):
     body = {"model": "gpt-5", "input": codex_input(big_log()), "tools": TOOLS, "store": False}
     bodies = []
     for _ in range(2):  # a restart in between: a new process state, the same store
-        with ProxyServer(settings(upstream, tmp_path)) as p:
+        with InProcessProxy(settings(upstream, tmp_path)) as p:
             assert post(p, body).status_code == 200
             bodies.append(re.sub(rb"time: [0-9T:-]+Z", b"", re.sub(rb"elapsed: [^\\]+", b"",
                                                                    upstream.requests[-1].body)))
@@ -193,11 +193,12 @@ def test_turns_naming_one_conversation_share_a_session(proxy, upstream):
 
 
 def test_other_responses_endpoints_pass_through(proxy, upstream):
-    r = httpx.post(proxy.url + "/v1/responses/input_tokens", json={"model": "gpt-5", "input": "hi"},
+    r = proxy.post("/v1/responses/input_tokens", json={"model": "gpt-5", "input": "hi"},
                    headers={"authorization": f"Bearer {KEY}"})
     assert upstream.requests[-1].path == "/v1/responses/input_tokens" and r.status_code == upstream.requests[-1].status
 
 
+@pytest.mark.proxy_config(real=True)  # a WebSocket upgrade is the transport's business
 def test_a_websocket_upgrade_is_refused_with_a_reason(proxy):
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
@@ -232,8 +233,7 @@ def test_the_agents_sdk_runs_a_tool_loop_through_the_proxy(proxy, upstream):
 
     upstream.script({"tool_calls": [{"name": "read_log", "arguments": {}}]}, _read_call_for_placeholder,
                     "The bad item is 7919.")
-    model = OpenAIResponsesModel(model="gpt-5", openai_client=openai.AsyncOpenAI(base_url=proxy.url + "/v1",
-                                                                                   api_key=KEY, max_retries=0))
+    model = OpenAIResponsesModel(model="gpt-5", openai_client=proxy.async_openai("/v1", api_key=KEY, max_retries=0))
     agent = Agent(name="debugger", instructions="Find the bad item.", tools=[read_log], model=model)
     result = asyncio.run(Runner.run(agent, "Which item is bad?"))
     assert result.final_output == "The bad item is 7919." and ran == ["read_log"]
@@ -268,7 +268,7 @@ def test_a_long_codex_session_is_compacted_without_splitting_calls_from_outputs(
                       defaults={"compress": {"precompute": None}})
     upstream.script(*[_summary_or_ok] * 400)
     compacted, sessions_seen = [], set()
-    with ProxyServer(s) as p:
+    with InProcessProxy(s) as p:
         cuts = [i + 1 for i, it in enumerate(items) if it.get("type") in ("function_call_output",
                                                                           "custom_tool_call_output")]
         for k in cuts[:60]:
@@ -308,7 +308,7 @@ def test_a_codex_shaped_request_keeps_custom_tools_and_its_cache_key(proxy, upst
             "tool_choice": "auto", "parallel_tool_calls": False, "reasoning": {"effort": "medium"},
             "store": False, "stream": True, "include": ["reasoning.encrypted_content"],
             "prompt_cache_key": "0199a7ae-conv"}
-    with httpx.stream("POST", proxy.url + "/v1/responses", content=orjson.dumps(body), timeout=30,
+    with proxy.stream("POST", "/v1/responses", content=orjson.dumps(body), timeout=30,
                       headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"}) as r:
         assert r.status_code == 200
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
@@ -332,13 +332,13 @@ def test_two_replicas_on_redis_rewrite_a_codex_session_into_the_same_bytes(upstr
     session, model = _codex_session(), "codex-test-32k"
     key = f"sk-{uuid.uuid4()}"
 
-    def run(proxies: list[ProxyServer]) -> list[bytes]:
+    def run(proxies: list[InProcessProxy]) -> list[bytes]:
         upstream.reset()
         upstream.script(*[_summary_or_ok] * 400)
         for n, k in enumerate(_codex_turns(session, 45)):
             body = {"model": model, "input": session["items"][:k], "tools": session["tools"], "store": False,
                     "prompt_cache_key": "conv-r"}
-            r = httpx.post(proxies[n % len(proxies)].url + "/v1/responses", content=orjson.dumps(body), timeout=60,
+            r = proxies[n % len(proxies)].post("/v1/responses", content=orjson.dumps(body), timeout=60,
                            headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
             assert r.status_code == 200, r.text
         return [re.sub(rb"elapsed: [^\\]+|time: [0-9T:-]+Z", b"", rq.body) for rq in upstream.requests]
@@ -348,9 +348,9 @@ def test_two_replicas_on_redis_rewrite_a_codex_session_into_the_same_bytes(upstr
                              defaults={"compress": {"precompute": None}})
 
     redis = "redis://127.0.0.1:6379/14"
-    with ProxyServer(cfg(redis)) as p1, ProxyServer(cfg(redis)) as p2:
+    with InProcessProxy(cfg(redis)) as p1, InProcessProxy(cfg(redis)) as p2:
         via_two = run([p1, p2])
-    with ProxyServer(cfg(f"sqlite:///{tmp_path}/one.db")) as p:
+    with InProcessProxy(cfg(f"sqlite:///{tmp_path}/one.db")) as p:
         via_one = run([p])
     assert any(b"<context_summary>" in b for b in via_one)  # the run compacted: the replicas had to agree
     assert via_two == via_one
@@ -377,8 +377,7 @@ def test_the_agents_sdk_streams_a_tool_loop_with_the_read_round_hidden(proxy, up
 
     upstream.script({"tool_calls": [{"name": "read_log", "arguments": {}}]}, _read_call_for_placeholder,
                     "The bad item is 7919.")
-    model = OpenAIResponsesModel(model="gpt-5", openai_client=openai.AsyncOpenAI(base_url=proxy.url + "/v1",
-                                                                                   api_key=KEY, max_retries=0))
+    model = OpenAIResponsesModel(model="gpt-5", openai_client=proxy.async_openai("/v1", api_key=KEY, max_retries=0))
     agent = Agent(name="debugger", instructions="Find the bad item.", tools=[read_log], model=model)
 
     async def go() -> tuple[str, list[str]]:

@@ -3,29 +3,26 @@
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
-from proxy_server import ProxyServer, make_settings
 
 from proxy.config import build_settings
 from proxy.http.routing import session_id, tenant_id
 from proxy.request import Conversation
 from proxy.wire.chat.codec import CHAT
 
+pytestmark = pytest.mark.proxy_config(routes=[
+    {"name": "coding", "match": {"model": "gpt-5*"}, "upstream": {"api_key_env": "CODING_KEY"}},
+    {"name": "research", "match": {"model": "o3*"}},
+])
 
-@pytest.fixture
-def proxy(upstream, tmp_path, monkeypatch):
+
+@pytest.fixture(autouse=True)
+def coding_key(monkeypatch):
     monkeypatch.setenv("CODING_KEY", "sk-injected-by-proxy")
-    settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db", routes=[
-        {"name": "coding", "match": {"model": "gpt-5*"}, "upstream": {"api_key_env": "CODING_KEY"}},
-        {"name": "research", "match": {"model": "o3*"}},
-    ])
-    with ProxyServer(settings) as p:
-        yield p
 
 
-def chat(url: str, model: str = "gpt-4o", headers: dict | None = None) -> httpx.Response:
-    return httpx.post(url, json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+def chat(p, path: str, model: str = "gpt-4o", headers: dict | None = None) -> httpx.Response:
+    return p.post(path, json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
                       headers={"authorization": "Bearer sk-client", **(headers or {})})
 
 
@@ -38,7 +35,7 @@ def chat(url: str, model: str = "gpt-4o", headers: dict | None = None) -> httpx.
     ("/v1/chat/completions", "llama-3", {}, "default"),
 ])
 def test_route_is_chosen_by_path_then_header_then_model(proxy, upstream, path, model, headers, route):
-    r = chat(proxy.url + path, model, headers)
+    r = chat(proxy, path, model, headers)
     assert r.status_code == 200, r.text
     assert r.headers["x-ctxproxy-route"] == route
     sent = upstream.requests[-1].headers
@@ -48,30 +45,30 @@ def test_route_is_chosen_by_path_then_header_then_model(proxy, upstream, path, m
 
 
 def test_sdk_base_url_with_route_prefix(proxy, upstream):
-    client = openai.OpenAI(base_url=proxy.url + "/r/coding/v1", api_key="sk-client", max_retries=0)
+    client = proxy.openai("/r/coding/v1", api_key="sk-client", max_retries=0)
     assert client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}]).choices
     assert [m.id for m in client.models.list()]
     assert all(r.headers["authorization"] == "Bearer sk-injected-by-proxy" for r in upstream.requests)
 
 
 def test_unknown_route_is_404_openai_shaped(proxy, upstream):
-    for r in (chat(proxy.url + "/r/nope/v1/chat/completions"),
-              chat(proxy.url + "/v1/chat/completions", headers={"x-ctx-route": "nope"}),
-              httpx.get(proxy.url + "/r/nope/v1/models")):
+    for r in (chat(proxy, "/r/nope/v1/chat/completions"),
+              chat(proxy, "/v1/chat/completions", headers={"x-ctx-route": "nope"}),
+              proxy.get("/r/nope/v1/models")):
         assert r.status_code == 404 and r.json()["error"]["code"] == "route_not_found"
     assert upstream.requests == []
 
 
 def test_session_header_wins_else_derived_from_stable_head(proxy, upstream):
-    base = proxy.url + "/v1/chat/completions"
-    assert chat(base, headers={"x-session-id": "run-42"}).headers["x-ctxproxy-session"] == "run-42"
+    base = "/v1/chat/completions"
+    assert chat(proxy, base, headers={"x-session-id": "run-42"}).headers["x-ctxproxy-session"] == "run-42"
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "task"}]
     ids = set()
     for extra in ([], [{"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]):
-        r = httpx.post(base, json={"model": "m", "messages": msgs + extra}, headers={"authorization": "Bearer k1"})
+        r = proxy.post(base, json={"model": "m", "messages": msgs + extra}, headers={"authorization": "Bearer k1"})
         ids.add(r.headers["x-ctxproxy-session"])
     assert len(ids) == 1  # later turns of one run share the session
-    other = httpx.post(base, json={"model": "m", "messages": msgs}, headers={"authorization": "Bearer k2"})
+    other = proxy.post(base, json={"model": "m", "messages": msgs}, headers={"authorization": "Bearer k2"})
     assert other.headers["x-ctxproxy-session"] not in ids  # another tenant, another session
 
 

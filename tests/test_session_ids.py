@@ -12,32 +12,29 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN = {"x-ctx-admin-token": "s3cret"}
 
 
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db", env={"CTXPROXY_ADMIN_TOKEN": "s3cret"})
-    with ProxyServer(cfg) as p:
-        yield p
+pytestmark = pytest.mark.proxy_config(env={"CTXPROXY_ADMIN_TOKEN": "s3cret"})
 
 
-def recorded(p: ProxyServer, path: str) -> httpx.Response:
+def recorded(p: InProcessProxy, path: str) -> httpx.Response:
     deadline = time.monotonic() + 10
     while True:  # accounting is written in the background
-        r = httpx.get(p.url + path, headers=ADMIN)
+        r = p.get(path, headers=ADMIN)
         if r.status_code != 404 or time.monotonic() > deadline:
             return r
         time.sleep(0.05)
 
 
 @pytest.mark.parametrize("session", ["team/run-1", "a/b/../c", "..", "50%/done?x=1#frag"])
+@pytest.mark.proxy_config(real=True)  # `ctxproxy stats --url` in a subprocess needs a socket
 def test_a_session_id_with_slashes_reads_back(proxy, upstream, session):
     session = session.replace("run-1", f"run-{uuid.uuid4().hex[:6]}")
-    r = httpx.post(proxy.url + "/v1/chat/completions",
+    r = proxy.post("/v1/chat/completions",
                    headers={"authorization": "Bearer sk-ids", "x-session-id": session},
                    json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200 and r.headers["x-ctxproxy-session"] == session
@@ -54,7 +51,7 @@ def test_a_session_id_with_slashes_reads_back(proxy, upstream, session):
 
 def test_a_slash_in_the_path_itself_reaches_the_session(proxy, upstream):
     session = f"org/{uuid.uuid4().hex[:6]}/run"
-    httpx.post(proxy.url + "/v1/chat/completions", headers={"authorization": "Bearer sk-ids", "x-session-id": session},
+    proxy.post("/v1/chat/completions", headers={"authorization": "Bearer sk-ids", "x-session-id": session},
                json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
     got = recorded(proxy, "/ctx/v1/sessions/" + session)
     assert got.status_code == 200 and got.json()["session"] == session

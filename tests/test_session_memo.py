@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 
 import proxy.rewrite.status_bar.transform as status_module
 from proxy.prefix import common_prefix
@@ -76,8 +76,8 @@ class Twin:
     def __init__(self, upstream: Any, tmp_path: Any, **raw: Any) -> None:
         self.upstream = upstream
         upstream.report_cached = False  # the mock's cache would answer the second twin differently
-        self.warm = ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/warm.db", **raw))
-        self.cold = ProxyServer(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/cold.db", **raw))
+        self.warm = InProcessProxy(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/warm.db", **raw))
+        self.cold = InProcessProxy(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/cold.db", **raw))
         self.clock = [1_800_000_000.0]
         self.sessions: dict[tuple[str, str], int] = {}  # (key, session) -> requests sent
         self.headers: list[dict[str, str]] = []
@@ -92,8 +92,8 @@ class Twin:
         self.warm.stop()
         self.cold.stop()
 
-    def _send(self, p: ProxyServer, body: bytes, key: str, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
-        r = httpx.post(p.url + "/v1/chat/completions", content=body, timeout=30,
+    def _send(self, p: InProcessProxy, body: bytes, key: str, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+        r = p.post("/v1/chat/completions", content=body, timeout=30,
                        headers={"authorization": f"Bearer {key}", "content-type": "application/json", **headers})
         assert r.status_code == 200, r.text
         sent = self.upstream.requests[-1].body
@@ -120,7 +120,7 @@ class Twin:
         """A request both twins must refuse alike; returns the error."""
         answers = []
         for p in (self.warm, self.cold):
-            r = httpx.post(p.url + "/v1/chat/completions", content=body, timeout=30,
+            r = p.post("/v1/chat/completions", content=body, timeout=30,
                            headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
             answers.append((r.status_code, r.json(), _own_headers(r)))
         assert answers[0] == answers[1] and answers[0][0] == 400
@@ -137,11 +137,11 @@ class Twin:
             assert timelines[0] == timelines[1]
 
     @staticmethod
-    def _timeline(p: ProxyServer, key: str, session: str, sent: int) -> list[dict[str, Any]]:
+    def _timeline(p: InProcessProxy, key: str, session: str, sent: int) -> list[dict[str, Any]]:
         """The session's timeline once the background accounting has written all `sent` requests."""
         deadline = time.monotonic() + 10
         while True:
-            r = httpx.get(f"{p.url}/ctx/v1/sessions/{session}", headers={"authorization": f"Bearer {key}"})
+            r = p.get(f"/ctx/v1/sessions/{session}", headers={"authorization": f"Bearer {key}"})
             entries = r.json().get("requests") or [] if r.status_code == 200 else []
             if len(entries) >= sent or time.monotonic() > deadline:
                 break

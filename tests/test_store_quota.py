@@ -10,7 +10,7 @@ import uuid
 import httpx
 import orjson
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 
 from proxy.http.routing import tenant_id
 from proxy.store import open_store
@@ -44,17 +44,17 @@ def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
     return f"sqlite:///{tmp_path}/quota.db" if request.param == "sqlite" else "redis://127.0.0.1:6379/14"
 
 
-def offload(p: ProxyServer, upstream, key: str, tag: str) -> tuple[str, bytes]:
+def offload(p: InProcessProxy, upstream, key: str, tag: str) -> tuple[str, bytes]:
     """Send one request whose tool result is offloaded; its handle and the bytes that went upstream."""
-    r = httpx.post(p.url + "/v1/chat/completions", content=body(tag), timeout=30,
+    r = p.post("/v1/chat/completions", content=body(tag), timeout=30,
                    headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
     assert r.status_code == 200 and r.headers.get("x-ctxproxy-offloaded") == "1", (r.status_code, r.text[:200])
     sent = upstream.requests[-1].body
     return HANDLE.search(json.loads(sent)["messages"][3]["content"]).group(1), sent
 
 
-def blob(p: ProxyServer, key: str, handle: str) -> httpx.Response:
-    return httpx.get(f"{p.url}/ctx/v1/blobs/{handle}", headers={"authorization": f"Bearer {key}"}, timeout=10)
+def blob(p: InProcessProxy, key: str, handle: str) -> httpx.Response:
+    return p.get(f"/ctx/v1/blobs/{handle}", headers={"authorization": f"Bearer {key}"}, timeout=10)
 
 
 def stored_bytes(store_url: str, key: str) -> int:
@@ -72,7 +72,7 @@ def test_tenant_over_its_quota_loses_its_oldest_stored_text_first(upstream, stor
     settings = make_settings(upstream.base_url, store_url, store_quota_bytes=QUOTA,
                              # no status bar: its clock lines would make the re-sent request differ by the second
                              defaults={"offload": {"tool_result_tokens": 300}, "status_bar": {"enabled": False}})
-    with ProxyServer(settings) as p:
+    with InProcessProxy(settings) as p:
         theirs = [offload(p, upstream, b, f"b-{i}")[0] for i in range(2)]
         ours = [offload(p, upstream, a, f"a-{i}") for i in range(6)]
         assert stored_bytes(store_url, a) <= QUOTA
@@ -93,7 +93,7 @@ def test_tenant_over_its_quota_loses_its_oldest_stored_text_first(upstream, stor
         # The model asking for evicted text gets "no stored content", not an error.
         upstream.reset()
         upstream.script({"tool_calls": [{"name": "context_read", "arguments": {"handle": ours[1][0]}}]}, "done")
-        r = httpx.post(p.url + "/v1/chat/completions", content=body("a-1"), timeout=30,
+        r = p.post("/v1/chat/completions", content=body("a-1"), timeout=30,
                        headers={"authorization": f"Bearer {a}", "content-type": "application/json"})
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "done"
         answer = json.loads(upstream.requests[-1].body)["messages"][-1]["content"]
@@ -106,6 +106,6 @@ def test_zero_quota_means_unlimited(upstream, tmp_path):
     key = f"sk-{uuid.uuid4()}"
     settings = make_settings(upstream.base_url, url, store_quota_bytes=0,
                              defaults={"offload": {"tool_result_tokens": 300}})
-    with ProxyServer(settings) as p:
+    with InProcessProxy(settings) as p:
         handles = [offload(p, upstream, key, f"u-{i}")[0] for i in range(6)]
         assert all(blob(p, key, h).status_code == 200 for h in handles)

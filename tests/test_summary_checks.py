@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 from test_compress import MODEL, SUMMARY, agent_run, chat_requests, is_summary_call, post, settings
 
 from proxy.rewrite.compress.history import identifiers
@@ -35,7 +35,7 @@ def test_summary_problem(text, span, ok):
 @pytest.mark.parametrize("answer", ["ok", "", "ok 6849", "I'm sorry, I can't help with summarizing this.",
                                     "Summary: the agent read files. " * 20])
 def test_a_bad_summary_answer_falls_back_and_says_why(upstream, tmp_path, answer):
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
         upstream.script(*[lambda req: answer if is_summary_call(req) else "ok"] * 10)
         r = post(p, agent_run(24))
         assert r.status_code == 200
@@ -52,7 +52,7 @@ def test_a_bad_summary_answer_falls_back_and_says_why(upstream, tmp_path, answer
 
 
 def test_a_good_summary_is_still_accepted(upstream, tmp_path):
-    with ProxyServer(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
+    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
         upstream.script(*[lambda req: SUMMARY if is_summary_call(req) else "ok"] * 10)
         r = post(p, agent_run(24))
     assert r.headers["x-ctxproxy-compacted"] == "summary" and "x-ctxproxy-summary-rejected" not in r.headers
@@ -105,7 +105,7 @@ def test_small_window_compactions_leave_room_and_never_come_back_to_back(upstrea
                                   "compress": {"keep_recent_tokens": 600, "min_clear_tokens": 100_000}})
     run = agent_run(40)
     upstream.script(*[_verbose] * 400)
-    with ProxyServer(cfg) as p:
+    with InProcessProxy(cfg) as p:
         responses = [post(p, run[:i]) for i in range(4, len(run) + 1, 2)]
     assert all(r.status_code == 200 for r in responses)
     compacted = [i for i, r in enumerate(responses) if "x-ctxproxy-compacted" in r.headers]

@@ -13,14 +13,16 @@ import textwrap
 
 import httpx
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, ProxyServer, make_settings
 from test_compress import agent_run
-from test_offload import HANDLE, TOOLS, big_log, history, offload_settings, sent_messages
+from test_offload import HANDLE, TOOLS, big_log, history, offload_config, sent_messages
 
 from proxy.config import ConfigError
 from proxy.http.routing import api_key_of, tenant_id
 from proxy.store import open_store
 from proxy.upstream.windows import LearnedWindows, overflow_limit
+
+pytestmark = pytest.mark.proxy_config(**offload_config())
 
 
 def basic(user: str, password: str) -> dict[str, str]:
@@ -51,30 +53,24 @@ def test_bearer_and_single_key_headers_keep_their_tenant_ids():
 def test_basic_users_neither_share_sessions_nor_read_each_others_offloads(proxy, upstream):
     alice, bob = basic("alice", "pw-a"), basic("bob", "pw-b")
     body = {"model": "gpt-4o", "tools": TOOLS, "messages": history(big_log())}
-    r = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=alice, timeout=30)
+    r = proxy.post("/v1/chat/completions", json=body, headers=alice, timeout=30)
     assert r.status_code == 200, r.text
     handle = HANDLE.search(sent_messages(upstream)[3]["content"]).group(1)
-    assert httpx.get(f"{proxy.url}/ctx/v1/blobs/{handle}", headers=alice).status_code == 200
-    other = httpx.get(f"{proxy.url}/ctx/v1/blobs/{handle}", headers=bob)
+    assert proxy.get(f"/ctx/v1/blobs/{handle}", headers=alice).status_code == 200
+    other = proxy.get(f"/ctx/v1/blobs/{handle}", headers=bob)
     assert other.status_code == 404 and other.json()["error"]["code"] == "handle_not_found"
     # The model of bob's request asks for alice's handle: "not found", nothing of hers.
     upstream.script({"tool_calls": [{"name": "context_read", "arguments": {"handle": handle}}]}, "done")
-    httpx.post(proxy.url + "/v1/chat/completions", headers=bob, timeout=30,
+    proxy.post("/v1/chat/completions", headers=bob, timeout=30,
                json={"model": "gpt-4o", "tools": TOOLS, "messages": history("small")})
     answer = sent_messages(upstream)[-1]["content"]
     assert answer.startswith("error: no stored content") and "worker" not in answer
     # The same conversation from bob (storing the same text for himself) is bob's session, not alice's.
-    r2 = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=bob, timeout=30)
+    r2 = proxy.post("/v1/chat/completions", json=body, headers=bob, timeout=30)
     assert r2.headers["x-ctxproxy-session"] != r.headers["x-ctxproxy-session"]
-    anon = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=30)
+    anon = proxy.post("/v1/chat/completions", json=body, timeout=30)
     assert anon.headers["x-ctxproxy-session"] not in (r.headers["x-ctxproxy-session"],
                                                       r2.headers["x-ctxproxy-session"])
-
-
-@pytest.fixture
-def proxy(upstream, tmp_path):
-    with ProxyServer(offload_settings(upstream, f"sqlite:///{tmp_path}/ctx.db")) as p:
-        yield p
 
 
 # ---- a window learned from an error is the learner's, genuine, and expires
@@ -90,12 +86,12 @@ def compressing(upstream, tmp_path):
     cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/w.db",
                         defaults={"offload": {"enabled": False}, "status_bar": {"enabled": False},
                                   "compress": {"keep_recent_tokens": 300}})
-    with ProxyServer(cfg) as p:
+    with InProcessProxy(cfg) as p:
         yield p
 
 
-def _ask(p: ProxyServer, key: str, messages: list[dict]) -> httpx.Response:
-    return httpx.post(p.url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
+def _ask(p: InProcessProxy, key: str, messages: list[dict]) -> httpx.Response:
+    return p.post("/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
                       json={"model": "local-coder", "messages": messages, "tools": TOOLS})
 
 
@@ -178,7 +174,7 @@ async def test_learned_windows_are_per_tenant_and_expire(tmp_path):
     {"type": "function", "function": ["bash"]},
 ])
 def test_ill_formed_tool_definitions_get_400(proxy, upstream, tool):
-    r = httpx.post(proxy.url + "/v1/chat/completions", headers={"authorization": "Bearer k"},
+    r = proxy.post("/v1/chat/completions", headers={"authorization": "Bearer k"},
                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [tool]})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "tools[0].function"
@@ -195,10 +191,11 @@ def _raw_request(url: str, target: str) -> int:
 
 @pytest.mark.parametrize("prefix", ["/v1/models", "/r/default/v1/"])
 @pytest.mark.parametrize("bad", ["%00", "%09", "%7f", "%1b", "a%00b/c"])
+@pytest.mark.proxy_config(real=True)  # the raw request line is the subject: a client library would not send it
 def test_control_characters_in_the_path_get_400(proxy, upstream, prefix, bad):
     assert _raw_request(proxy.url, prefix + bad) == 400
     assert upstream.requests == []
-    assert httpx.get(proxy.url + "/healthz").status_code == 200
+    assert proxy.get("/healthz").status_code == 200
 
 
 def test_userinfo_in_an_upstream_base_url_is_refused_in_one_line(tmp_path):
@@ -226,7 +223,7 @@ def keyed(upstream, tmp_path, monkeypatch):
     cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/k.db",
                         routes=[{"name": "team", "upstream": {"base_url": upstream.base_url,
                                                               "api_key_env": "CTX_TEST_ROUTE_KEY"}}])
-    with ProxyServer(cfg) as p:
+    with ProxyServer(cfg) as p:  # raw request lines (a client library normalises dot segments): a real server
         yield p
 
 
@@ -243,6 +240,6 @@ def test_dot_segments_never_leave_the_base_path(keyed, upstream, tail):
 
 
 def test_ordinary_paths_still_pass_through_unchanged(keyed, upstream):
-    r = httpx.get(keyed.url + "/r/team/v1/models", headers={"authorization": "Bearer k"})
+    r = keyed.get("/r/team/v1/models", headers={"authorization": "Bearer k"})
     assert r.status_code == 200
     assert upstream.requests[-1].path.endswith("/v1/models")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from proxy_server import ProxyServer, make_settings
+from proxy_server import InProcessProxy, make_settings
 from test_faults import RawUpstream, read_request, reset
 
 AUTH = {"authorization": "Bearer sk-retry"}
@@ -58,13 +58,13 @@ def first_connection_dies(die: Callable[[socket.socket], None]) -> Callable[[soc
     return behave
 
 
-def proxy_to(raw: RawUpstream, tmp_path, **upstream: object) -> ProxyServer:
-    return ProxyServer(make_settings(raw.base_url, f"sqlite:///{tmp_path}/ctx.db",
+def proxy_to(raw: RawUpstream, tmp_path, **upstream: object) -> InProcessProxy:
+    return InProcessProxy(make_settings(raw.base_url, f"sqlite:///{tmp_path}/ctx.db",
                                      upstream={"read_timeout": 5, **upstream}))
 
 
-def chat(p: ProxyServer, stream: bool = False) -> httpx.Response:
-    return httpx.post(p.url + "/v1/chat/completions", headers=AUTH, timeout=20,
+def chat(p: InProcessProxy, stream: bool = False) -> httpx.Response:
+    return p.post("/v1/chat/completions", headers=AUTH, timeout=20,
                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
 
 
