@@ -36,6 +36,7 @@ import proxy.app
 from proxy.app import create_app
 from proxy.config import Settings, build_settings
 from proxy.http.server import uvicorn_options
+from proxy.store.guarded import LOOP_LAG_TASK
 
 # A request that gets no answer within its client's read timeout, or this long, fails with
 # httpx.ReadTimeout naming the request that hung.
@@ -269,7 +270,8 @@ class InProcessProxy(_Clients):
         """Wait until the app has no work left on its loop (background summaries, accounting writes)."""
         deadline = time.monotonic() + timeout
         while True:
-            busy = [t for t in asyncio.all_tasks(self.loop) if t is not self._main and not t.done()]
+            busy = [t for t in asyncio.all_tasks(self.loop)
+                    if t is not self._main and not t.done() and t.get_name() != LOOP_LAG_TASK]
             if not busy:
                 return
             if time.monotonic() > deadline:

@@ -42,6 +42,9 @@ BULK_TIMEOUT_FACTOR = 20
 LAG_TICK_S = 0.02  # the lag monitor's beat: a beat late by more than this was a blocked loop
 
 
+LOOP_LAG_TASK = "ctxproxy-loop-lag"  # the monitor's task: it runs as long as the store does
+
+
 class LoopLag:
     """How long the event loop has been blocked in all, from a task that beats every LAG_TICK_S.
 
@@ -54,7 +57,7 @@ class LoopLag:
         self.loop = loop
         self.total = 0.0
         self.last = loop.time()
-        self.task = loop.create_task(self._beat())
+        self.task = loop.create_task(self._beat(), name=LOOP_LAG_TASK)
 
     async def _beat(self) -> None:
         while True:
