@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from proxy.wire.json_slices import SLICED_FROM, loads_sliced
+
 # Integers orjson parses exactly: signed 64-bit and unsigned 64-bit.
 _INT_MIN, _UINT_MAX = -(2**63), 2**64 - 1
 _MAX_INT_CHARS = 21  # longer text ("-" and 20 digits, or 21 digits) is beyond both, no need to convert
@@ -84,6 +86,10 @@ def loads(raw: bytes) -> Any:
     integer too large for it (NaN, Infinity, a lone surrogate, a BOM, bad UTF-8
     stay refused, with orjson's message).
     """
+    if len(raw) >= SLICED_FROM and not may_hold_big_ints(raw):  # no single long C call (json_slices.py)
+        sliced = loads_sliced(raw)
+        if sliced is not None:
+            return sliced
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as refused:
