@@ -13,7 +13,7 @@ import orjson
 from proxy.errors import BadRequest
 from proxy.wire import jsonio
 
-MAX_DEPTH = 254  # orjson re-serializes at most this deep; a body the proxy could not write back is refused
+MAX_DEPTH = jsonio.SAFE_DEPTH  # deeper bodies are refused: orjson cannot write them back safely (jsonio)
 
 
 def load_object(raw: bytes) -> dict[str, Any]:
@@ -24,7 +24,15 @@ def load_object(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    check_depth(body)
     return body
+
+
+def check_depth(body: Any) -> None:
+    """A 400 for a body nested deeper than MAX_DEPTH, before anything writes it (a digest, a dump): orjson
+    cannot write such values back safely (proxy/wire/jsonio.py SAFE_DEPTH)."""
+    if jsonio.deeper_than(body, MAX_DEPTH):
+        raise BadRequest(f"request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json")
 
 
 def _pieces(part: Any) -> list[Any]:
