@@ -27,12 +27,12 @@ import asyncio
 import functools
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
-__all__ = ["INLINE_CHARS", "INLINE_NODES", "JOB_CHARS", "JOB_ITEMS", "WORKERS", "is_light", "run", "run_if",
-           "run_unless_light"]
+__all__ = ["INLINE_CHARS", "INLINE_NODES", "JOB_CHARS", "JOB_ITEMS", "STEP_ITEMS", "WORKERS", "is_light", "run",
+           "run_if", "run_unless_light", "spans"]
 
 # Work on fewer characters than this runs inline, on the loop: at most a few milliseconds of
 # tokenizing even for the slowest text (one repeated letter).
@@ -43,6 +43,9 @@ INLINE_NODES = 2_048
 JOB_CHARS = 1 << 20
 # ... and at most this many messages (what the loop merges of one job's answer stays a short step).
 JOB_ITEMS = 4_096
+# A walk over a request's items that stays on the loop (it reads or feeds state of the request shared with the
+# loop's other steps) gives the loop a turn (`spans`) every this many items: a few milliseconds of Python each.
+STEP_ITEMS = 2_048
 # Threads of the pool: all cores but the event loop's.
 WORKERS = max(1, (os.cpu_count() or 2) - 1)
 
@@ -103,3 +106,14 @@ async def run_unless_light(values: Sequence[Any], fn: Callable[P, T], *args: P.a
     if is_light(values):
         return fn(*args, **kwargs)
     return await run(fn, *args, **kwargs)
+
+
+
+async def spans(start: int, stop: int) -> AsyncIterator[range]:
+    """range(start, stop) in spans of STEP_ITEMS, for a walk on the loop: between two spans the loop serves the
+    others once (`asyncio.sleep(0)`); the walk resumes where it was, so its result is unchanged. A walk of
+    fewer items is one span and never yields."""
+    for lo in range(start, stop, STEP_ITEMS):
+        if lo > start:
+            await asyncio.sleep(0)
+        yield range(lo, min(stop, lo + STEP_ITEMS))

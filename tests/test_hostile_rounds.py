@@ -283,8 +283,9 @@ async def post_messages(client: httpx.AsyncClient, stream: bool) -> httpx.Respon
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_messages_read_call_nested_300_levels_deep_is_no_500(client, upstream, stream):
-    """Its input cannot be written back to the provider (JSON writers stop at 254 levels): the loop ends as
-    at its last round, and the client gets the answer with the proxy's call removed."""
+    """Its input cannot be written back to the provider (proxy/wire/jsonio.py SAFE_DEPTH): streamed, the loop
+    ends as at its last round and the client gets the answer with the proxy's call removed; whole, the answer
+    is one the loop cannot read, relayed as it came."""
     call = deep_read_call()
     text = {"type": "text", "text": "reading"}
     if stream:
@@ -300,8 +301,8 @@ async def test_messages_read_call_nested_300_levels_deep_is_no_500(client, upstr
         assert not any(d.get("content_block", {}).get("type") == "tool_use" for _, d in evs)
         delta = [d for _, d in evs if d["type"] == "message_delta"][-1]
         assert delta["delta"]["stop_reason"] == "end_turn"
-    else:
-        assert r.json()["content"] == [text] and r.json()["stop_reason"] == "end_turn"
+    else:  # nested past what can be written back safely: relayed as the provider sent it, never re-encoded
+        assert r.content == dumps(message_obj([text, call]))
 
 
 async def test_messages_event_type_with_a_line_break_cannot_forge_events(client, upstream):
@@ -341,3 +342,47 @@ async def test_chat_provider_error_chunk_ends_the_stream_with_no_second_error(cl
     assert r.status_code == 200
     errors = [d for _, d in events(r.content) if "error" in d]
     assert errors == [error], r.content
+
+
+# --------------------------------------------------------------------------- nesting orjson cannot write safely
+
+def crashing_siblings(depth: int = 250, n: int = 10) -> list[Any]:
+    """Ten sibling lists nested 250 deep: orjson 3.13 corrupts its heap writing them (the process aborts)."""
+    return [{"c": nested_list(depth)} for _ in range(n)]
+
+
+def nested_list(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+async def test_a_body_nested_past_the_safe_depth_is_a_400_not_a_crash(client, upstream, api):
+    """Run in this very process: a heap corruption would abort the test run, not fail one test."""
+    item = {"role": "user", "content": "go", "extra": crashing_siblings()}
+    if api == "chat":
+        r = await client.post("/v1/chat/completions", json={"model": "m", "messages": [item]}, headers=OPENAI_AUTH)
+        assert r.status_code == 400 and "nested deeper than 200" in r.json()["error"]["message"], r.text
+    elif api == "responses":
+        r = await client.post("/v1/responses", json={"model": "m", "input": [item]}, headers=OPENAI_AUTH)
+        assert r.status_code == 400 and "nested deeper than 200" in r.json()["error"]["message"], r.text
+    else:
+        r = await client.post("/v1/messages", json={"model": "claude-sonnet-4-6", "max_tokens": 5,
+                                                    "messages": [item]}, headers=ANTHROPIC_AUTH)
+        assert r.status_code == 400 and "nested deeper than 200" in r.json()["error"]["message"], r.text
+    assert not upstream.requests
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_provider_answer_nested_past_the_safe_depth_is_never_written_back(client, upstream, stream):
+    call = {"type": "tool_use", "id": "toolu_read", "name": "context_read",
+            "input": {"handle": "ctx_0", "deep": crashing_siblings()}}
+    if stream:
+        upstream.fail_next(200, messages_stream(block_events(0, call)), SSE)
+    else:
+        upstream.fail_next(200, dumps(message_obj([call])))
+    r = await post_messages(client, stream)
+    assert r.status_code == 200  # relayed as the provider sent it (a first answer the loop cannot read)
+    assert len(upstream.requests) == 1

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from proxy import offloop
 from proxy.accounting import inspector
 from proxy.accounting.figures import Figures, measure
 from proxy.accounting.ledger import Ledger
@@ -142,9 +143,16 @@ class Accountant:
         self._handles = HandleCounts(store, RETENTION)
 
     async def open(self, ctx: RequestContext, conv: Conversation, outcome: Outcome) -> Ledger:
-        """The request's ledger: measured once, here; closed once, by the handler (proxy/accounting/ledger.py)."""
+        """The request's ledger: measured once, here; closed once, by the handler (proxy/accounting/ledger.py).
+
+        Measuring walks every message (digests, counts, the alignment, the inspector's roles): on the pool
+        unless the messages are light (proxy/offloop.py), so that closing the ledger walks none of them."""
+        trace, figures, roles = await offloop.run_unless_light(conv.messages, self._measure, conv, ctx)
+        return Ledger(self, ctx, conv, trace, figures, await self.check(ctx, trace), outcome, roles=roles)
+
+    def _measure(self, conv: Conversation, ctx: RequestContext) -> tuple[Trace, Figures, str]:
         trace = self.trace(conv, ctx)
-        return Ledger(self, ctx, conv, trace, measure(conv, trace), await self.check(ctx, trace), outcome)
+        return trace, measure(conv, trace), inspector.roles(conv)
 
     def trace(self, conv: Conversation, ctx: RequestContext) -> Trace:
         model = conv.model
@@ -180,7 +188,7 @@ class Accountant:
         self._traces.put(key, trace)
 
     def record(self, ctx: RequestContext, conv: Conversation, trace: Trace, check: PrefixCheck, outcome: Outcome,
-               figures: Figures, rounds: Rounds | None = None) -> dict[str, Any]:
+               figures: Figures, rounds: Rounds | None = None, roles: str | None = None) -> dict[str, Any]:
         """Metrics now; the store in the background. Returns fields for the request's log line.
 
         Only a request the provider accepted becomes the session's previous
@@ -194,7 +202,7 @@ class Accountant:
             read = read_back(rounds, conv)
             entry = self._entry(ctx, check, outcome, figures, rounds, read)
             inspect = inspector.record(ctx.request_id, conv, trace, figures,
-                                       inspector.read_rounds(conv.wire, read.messages, read.usages, conv.model))
+                                       inspector.read_rounds(conv.wire, read.messages, read.usages, conv.model), roles)
             texts = inspector.new_texts(conv, trace, figures, previous, self.log_content, read.messages)
             self._metrics(ctx, entry, outcome, figures)
         except Exception:  # accounting must never be the reason a request fails

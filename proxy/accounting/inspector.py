@@ -63,11 +63,15 @@ def read_rounds(wire: Codec, rounds_messages: Sequence[Item], usages: Sequence[A
     return out
 
 
+def roles(conv: Conversation) -> str:
+    """The role code of each client message (a walk over all of them: done where the request is measured)."""
+    return "".join(map(_ROLE_CODES.get, map(conv.wire.label, conv.client_messages), repeat("?")))
+
+
 def record(request_id: str, conv: Conversation, trace: Trace, figures: Figures,
-           rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The compact inspector record of one request."""
-    client = conv.client_messages
-    roles = "".join(map(_ROLE_CODES.get, map(conv.wire.label, client), repeat("?")))
+           rounds: list[dict[str, Any]], client_roles: str | None = None) -> dict[str, Any]:
+    """The compact inspector record of one request (`client_roles`: `roles(conv)`, when already known)."""
+    codes = roles(conv) if client_roles is None else client_roles
     sent = conv.messages
     segments: list[list[Any]] = []
     for seg in figures.segments:
@@ -83,7 +87,7 @@ def record(request_id: str, conv: Conversation, trace: Trace, figures: Figures,
     fields = {k: conv.body[k] for k in _FIELDS if k in conv.body and f'"{k}"'.encode() not in raw}
     if "stream_options" in conv.body and b'"include_usage"' not in raw:
         fields["stream_options"] = conv.body["stream_options"]
-    return {"id": request_id, "roles": roles, "tokens": figures.client_counts,
+    return {"id": request_id, "roles": codes, "tokens": figures.client_counts,
             "digests": b"".join(map(_SHORT, trace.raw)).hex(), "segments": segments,
             "marks": sorted(conv.unmarked),
             "tools": {"client": conv.wire.tool_names(client_tools(conv)), "client_tokens": figures.client_tool_tokens,

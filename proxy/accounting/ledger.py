@@ -34,6 +34,7 @@ class Ledger:
     check: PrefixCheck
     outcome: Outcome
     rounds: ReadRounds | None = None
+    roles: str | None = None  # the inspector's role codes of the client's messages, measured with the rest
     closed: dict[str, Any] | None = field(default=None, repr=False)
 
     def headers(self) -> dict[str, str]:
@@ -48,7 +49,8 @@ class Ledger:
         o.status, o.error = status, error
         if o.usage is None:  # the turn failed after hidden rounds the provider billed
             o.usage = hidden_usage(self.rounds)
-        fields = self.accountant.record(self.ctx, self.conv, self.trace, self.check, o, self.figures, self.rounds)
+        fields = self.accountant.record(self.ctx, self.conv, self.trace, self.check, o, self.figures, self.rounds,
+                                        self.roles)
         if self.rounds is not None:
             fields = {"read_rounds": self.rounds.done, **fields}
         self.closed = fields

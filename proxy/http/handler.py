@@ -41,7 +41,7 @@ async def handle(request: Request, wire: Codec) -> Response:
         return await run.failed(st, err)
     outcome = Outcome(overhead_s=run.t_sent - run.t0, upstream_s=time.perf_counter() - run.t_sent,
                       own=usage_from_events(sent.conv), accepted=sent.resp.status_code < 300)
-    st.memo.keep(sent.ctx.tenant, sent.ctx.session, sent.conv)
+    await st.memo.remember(sent.ctx.tenant, sent.ctx.session, sent.conv)
     ledger = await st.accounting.open(sent.ctx, sent.conv, outcome)
     run.headers.update(ledger.headers())
     run.log.update(rewritten=sent.conv.changed, overhead_ms=round(outcome.overhead_s * 1000, 3),

@@ -88,7 +88,7 @@ class _Found:
     others: list[tuple[int, dict[str, Any], str]]  # the proxy's own messages (re-inserted statuses)
 
 
-def _scan(conv: Conversation, owner: object) -> _Found | None:
+async def _scan(conv: Conversation, owner: object) -> _Found | None:
     """The candidates, following only the messages the session's memo does not know; None: scan them all.
 
     The client's messages are folded (resumed where the previous request of the
@@ -100,7 +100,7 @@ def _scan(conv: Conversation, owner: object) -> _Found | None:
         return None
     client, msgs = conv.client_messages, conv.messages
     wire = conv.wire
-    seen = memo.fold((owner, "offload"), client, lambda: _Seen(wire), _Seen.add, _Seen.copy)
+    seen = await memo.fold((owner, "offload"), client, lambda: _Seen(wire), _Seen.add, _Seen.copy)
     known = bisect_left(seen.sized, memo.known, key=operator.itemgetter(0))
     if msgs is client:
         return _Found(seen.names, seen.sized, known, None, [])
@@ -157,7 +157,7 @@ class Offload:
         those of the previous request, as long as this process still maps their
         digests to them; only new candidates are looked at.
         """
-        found = _scan(conv, self)
+        found = await _scan(conv, self)
         if found is None:
             names: list[dict[str | None, str]] = []
             return [_row(i, text, await self._handle(conv, m, text, names))

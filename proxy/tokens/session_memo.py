@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from proxy import offloop
 from proxy.prefix import common_prefix
 
 if TYPE_CHECKING:
@@ -57,6 +58,11 @@ def scalar_leaves(obj: Any) -> list[tuple[Path, Any]]:
         elif t is not str and o is not None:
             out.append((path, o))
     return out
+
+
+def _leaves_of(messages: Sequence[Any], start: int) -> dict[int, list[tuple[Path, Any]]]:
+    """scalar_leaves of each message that has some, by its position (`start` the first's)."""
+    return {i: found for i, m in enumerate(messages, start) if (found := scalar_leaves(m))}
 
 
 def _same_leaves(message: Any, leaves: list[tuple[Path, Any]]) -> bool:
@@ -104,14 +110,15 @@ class RequestMemo:
     facts: dict[Any, Any] = field(default_factory=dict)  # facts of this request, for the next one
     leaves: dict[int, list[tuple[Path, Any]]] = field(default_factory=dict)  # of the known messages
 
-    def fold(self, key: Any, messages: Sequence[Any], start: Callable[[], S], step: Callable[[S, int, Any], None],
-             copy: Callable[[S], S]) -> S:
+    async def fold(self, key: Any, messages: Sequence[Any], start: Callable[[], S],
+                   step: Callable[[S, int, Any], None], copy: Callable[[S], S]) -> S:
         """The state after ``step`` over every message, resumed from the previous request where it is known.
 
         ``step(state, i, message)`` mutates the state; it must depend only on
         the messages it is given, in order (a left fold), so that a state saved
         after message i of an identical prefix is the state recomputing would give.
-        Only a fold over the client's own message list is resumed or remembered.
+        Only a fold over the client's own message list is resumed or remembered. A long fold gives the
+        event loop a turn every offloop.STEP_ITEMS messages (the steps read the request's shared state).
         """
         n = len(messages)
         ours = messages is self.client
@@ -119,10 +126,11 @@ class RequestMemo:
         at, state = valid[-1] if valid else (0, None)
         state = start() if state is None else copy(state)
         kept = dict(valid)
-        for i in range(at, n):
-            if i >= n - CHECKPOINTS + 1:
-                kept[i] = copy(state)
-            step(state, i, messages[i])
+        async for span in offloop.spans(at, n):
+            for i in span:
+                if i >= n - CHECKPOINTS + 1:
+                    kept[i] = copy(state)
+                step(state, i, messages[i])
         kept[n] = copy(state)
         if ours:
             self.facts[key] = sorted(kept.items(), key=operator.itemgetter(0))[-CHECKPOINTS:]
@@ -172,8 +180,17 @@ class SessionMemo:
             conv.facts.learn((obj,), (digest,), (n,) if counts is not None else None)
         return known
 
-    def keep(self, tenant: str, session: str, conv: Conversation) -> None:
-        """Remember `conv` (after the pipeline and accounting) for the session's next request."""
+    async def remember(self, tenant: str, session: str, conv: Conversation) -> None:
+        """`keep`, with its walk over the leaves of the messages new to the memo on the pool unless they are
+        light (proxy/offloop.py): the request path's way."""
+        memo = conv.memo or RequestMemo()
+        new = conv.client_messages[memo.known:] if len(conv.raw) <= self.max_bytes else []
+        self.keep(tenant, session, conv, await offloop.run_unless_light(new, _leaves_of, new, memo.known))
+
+    def keep(self, tenant: str, session: str, conv: Conversation,
+             new_leaves: dict[int, list[tuple[Path, Any]]] | None = None) -> None:
+        """Remember `conv` (after the pipeline and accounting) for the session's next request (`new_leaves`:
+        the leaves of its messages the memo did not know, when already found)."""
         key = (tenant, session)
         old = self._snaps.pop(key, None)
         if old is not None:
@@ -184,10 +201,7 @@ class SessionMemo:
         memo = conv.memo or RequestMemo()
         cur = conv.client_messages
         leaves = dict(memo.leaves)
-        for i in range(memo.known, len(cur)):
-            found = scalar_leaves(cur[i])
-            if found:
-                leaves[i] = found
+        leaves.update(_leaves_of(cur[memo.known:], memo.known) if new_leaves is None else new_leaves)
         digests, counts = conv.facts.known(cur)
         msgs = conv.messages
         if conv.facts.extends_client(msgs):

@@ -13,7 +13,7 @@ import orjson
 from proxy.errors import BadRequest
 from proxy.wire import jsonio
 
-MAX_DEPTH = 254  # orjson re-serializes at most this deep; a body the proxy could not write back is refused
+MAX_DEPTH = jsonio.SAFE_DEPTH  # deeper bodies are refused: orjson cannot write them back safely (jsonio)
 
 
 def load_object(raw: bytes) -> dict[str, Any]:
@@ -24,12 +24,34 @@ def load_object(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    check_depth(body)
     return body
 
 
+def check_depth(body: Any) -> None:
+    """A 400 for a body nested deeper than MAX_DEPTH, before anything writes it (a digest, a dump): orjson
+    cannot write such values back safely (proxy/wire/jsonio.py SAFE_DEPTH)."""
+    if jsonio.deeper_than(body, MAX_DEPTH):
+        raise BadRequest(f"request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json")
+
+
+def _pieces(part: Any) -> list[Any]:
+    """`part` as the values that are dumped to check it: itself, or for a body with a long list, each
+    top-level value and that list's slices, each at the depth it has in `part` (as `{key: value}`)."""
+    n = jsonio.PIECES_FROM
+    if type(part) is not dict or not any(type(v) is list and len(v) >= n for v in part.values()):
+        return [part]
+    return [{k: v[i:i + n]} for k, v in part.items() if type(v) is list for i in range(0, len(v), n)] \
+        + [{k: v} for k, v in part.items() if type(v) is not list]
+
+
 def check_writable(part: Any) -> None:
-    """`part` (the body, or what sits at its level) can be written back: orjson's depth limit applies to it."""
+    """`part` (the body, or what sits at its level) can be written back: orjson's depth limit applies to it.
+
+    A body with a long list is checked in pieces (`_pieces`): the same verdict as one dump, without one
+    long C call that holds the GIL (18 MB: tens of milliseconds)."""
     try:
-        jsonio.dumps(part)
+        for piece in _pieces(part):
+            jsonio.dumps(piece)
     except orjson.JSONEncodeError:
         raise BadRequest(f"request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json") from None

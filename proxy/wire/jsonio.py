@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from proxy.wire.json_slices import SLICED_FROM, loads_sliced
+
 # Integers orjson parses exactly: signed 64-bit and unsigned 64-bit.
 _INT_MIN, _UINT_MAX = -(2**63), 2**64 - 1
 _MAX_INT_CHARS = 21  # longer text ("-" and 20 digits, or 21 digits) is beyond both, no need to convert
@@ -34,9 +36,15 @@ _RUN_END = re.compile(rb"[^0]")
 _BEFORE_NUMBER = frozenset(b":,[")
 _AFTER_NUMBER = frozenset(b",]}")
 _WHITESPACE = frozenset(b" \t\r\n")
+_TRANSLATE_BYTES = 1 << 20
 _MAX_RUNS_LOOKED_AT = 256  # past that many long digit runs, the exact parser is cheaper than looking on
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _MAX_DEPTH = 254  # orjson writes at most this deep
+# Values nested deeper than this are refused before orjson writes them: orjson 3.13 corrupts its heap
+# (the process aborts: "realloc(): invalid next size") writing some values nested 250-254 levels deep,
+# e.g. ten sibling lists of 250 levels in a 3 KB body. No agent's JSON comes near 200 levels.
+SAFE_DEPTH = 200
+_CONTAINERS = (dict, list)
 
 
 def may_hold_big_ints(raw: bytes) -> bool:
@@ -48,7 +56,9 @@ def may_hold_big_ints(raw: bytes) -> bool:
     `[` and before `,`, `]` or `}` - there they may be one (a false alarm only
     costs the slower exact parse).
     """
-    scan = raw.translate(_DIGIT_CLASS)
+    # a slice at a time: one translate of 18 MB holds the GIL for tens of milliseconds
+    scan = raw.translate(_DIGIT_CLASS) if len(raw) <= _TRANSLATE_BYTES else b"".join(
+        raw[i:i + _TRANSLATE_BYTES].translate(_DIGIT_CLASS) for i in range(0, len(raw), _TRANSLATE_BYTES))
     at = scan.find(_RUN)
     runs = 0
     while at >= 0:
@@ -84,6 +94,10 @@ def loads(raw: bytes) -> Any:
     integer too large for it (NaN, Infinity, a lone surrogate, a BOM, bad UTF-8
     stay refused, with orjson's message).
     """
+    if len(raw) >= SLICED_FROM and not may_hold_big_ints(raw):  # no single long C call (json_slices.py)
+        sliced = loads_sliced(raw)
+        if sliced is not None:
+            return sliced
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as refused:
@@ -135,6 +149,22 @@ def _has_lone_surrogate(value: Any) -> bool:
             stack.extend(o.values())
         elif type(o) is list:
             stack.extend(o)
+    return False
+
+
+def deeper_than(value: Any, limit: int = SAFE_DEPTH) -> bool:
+    """Whether `value` nests containers more than `limit` levels deep (a walk over its containers, level by
+    level, that stops at the first level past `limit`)."""
+    level = [value] if type(value) in _CONTAINERS else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        below: list[Any] = []
+        for o in level:
+            below.extend(v for v in (o.values() if type(o) is dict else o) if type(v) in _CONTAINERS)
+        level = below
     return False
 
 

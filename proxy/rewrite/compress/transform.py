@@ -249,7 +249,7 @@ class Compress:
         if n and sum(layer1.counts) + fixed <= room:  # over target but with room: forward without a summary
             return layer1, "clear", {"cleared": n, "fallback": True, **why}
         full = await offloop.run_unless_light(span, render, wire, span)
-        handle = content_handle("span", full)
+        handle = await offloop.run_if(len(full), content_handle, "span", full)
         await archive.put_text(handle, full)
         text = (f"{PLACEHOLDER_MARK} {len(span)} earlier messages ({sum(counts[h:t]):,} tokens) were archived to "
                 f"fit the context window and could not be summarized. Read them with {read_call(tool, handle)}]")
@@ -282,23 +282,24 @@ class Compress:
 
     async def _clear(self, wire: Codec, msgs: list[Message], counts: list[int], h: int, archive: Archive, tool: str,
                      model: Any) -> tuple[list[Message], list[int], int]:
-        names = call_names(wire, msgs)
+        names = await offloop.run_unless_light(msgs, call_names, wire, msgs)
         out, out_counts, n = list(msgs), list(counts), 0
-        for i in range(h, len(msgs)):
-            m = msgs[i]
-            if wire.role(m) != "tool":
-                continue
-            name = names.get(wire.answers(m)) or "tool"
-            text = text_of(wire, m)
-            if counts[i] < self.settings.min_clear_tokens \
-                    or name in self.settings.exclude_tools or text.startswith(PLACEHOLDER_MARK):
-                continue
-            handle = content_handle(f"tool:tool result of {name}", text)
-            await archive.put_text(handle, text)
-            out[i] = wire.replaced(m, f"{PLACEHOLDER_MARK} cleared tool result of {name} ({counts[i]:,} "
-                                             f"tokens); read it back with {read_call(tool, handle)}]")
-            out_counts[i] = default_counter.count_message(out[i], model)
-            n += 1
+        async for span in offloop.spans(h, len(msgs)):  # the loop gets a turn between spans of messages
+            for i in span:
+                m = msgs[i]
+                if wire.role(m) != "tool":
+                    continue
+                name = names.get(wire.answers(m)) or "tool"
+                text = text_of(wire, m)
+                if counts[i] < self.settings.min_clear_tokens \
+                        or name in self.settings.exclude_tools or text.startswith(PLACEHOLDER_MARK):
+                    continue
+                handle = await offloop.run_if(len(text), content_handle, f"tool:tool result of {name}", text)
+                await archive.put_text(handle, text)
+                out[i] = wire.replaced(m, f"{PLACEHOLDER_MARK} cleared tool result of {name} ({counts[i]:,} "
+                                                 f"tokens); read it back with {read_call(tool, handle)}]")
+                out_counts[i] = default_counter.count_message(out[i], model)
+                n += 1
         return out, out_counts, n
 
     def _identifier_listing(self, wire: Codec, span: list[Any], model: Any, budget: float) -> str:
@@ -320,7 +321,7 @@ class Compress:
         s, model, wire = self.settings, conv.model, conv.wire
         span = view.messages[h:t]
         full = await offloop.run_unless_light(span, render, wire, span)
-        handle = content_handle("span", full)
+        handle = await offloop.run_if(len(full), content_handle, "span", full)
         (known,) = await archive.decisions("summary", [handle])
         if known is not None:
             return known, [], handle

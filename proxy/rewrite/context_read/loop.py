@@ -71,6 +71,8 @@ class ReadLoop:
         results = [self.conv.wire.result(c.id, await answer(self.archive, c.arguments, self.tool.max_chars))
                    for c in reply.ours]
         new = [*reply.items, *results]
+        if jsonio.deeper_than(new):  # a streamed call's input, joined, may nest past what can be written safely
+            return None
         try:  # the whole conversation again: written on the pool when it is big (proxy/offloop.py)
             payload = await offloop.run_if(len(self.conv.raw), self._encode, new, reply)
         except (TypeError, ValueError, RecursionError):  # e.g. a call's input nested past what JSON writers take
@@ -104,6 +106,8 @@ class ReadLoop:
                 return resp, content
             try:
                 reply = self.shape.reply(content)
+                if jsonio.deeper_than(reply.data):  # orjson cannot write it back safely (proxy/wire/jsonio.py)
+                    raise IllFormed("nested too deep")
             except IllFormed as bad:
                 if hidden:
                     raise hidden_failure(resp.status_code, content, ctype, str(bad)) from None
@@ -144,6 +148,12 @@ class ReadLoop:
                             raise hidden_failure(200, b"", SSE, "an event that is not a JSON object")
                         if not hidden:
                             out.append(ev)  # a comment, a keep-alive, or data the API does not define
+                        continue
+                    if isinstance(data, dict) and jsonio.deeper_than(data):
+                        if hidden:
+                            raise hidden_failure(200, b"", SSE, "an event nested too deep")
+                        out += [*rnd.held(), ev]  # unreadable: the rest as it came (never written back)
+                        relay = True
                         continue
                     if isinstance(data, dict) and self.shape.is_error_event(data):
                         if hidden:

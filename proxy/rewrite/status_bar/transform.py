@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import orjson
 from pydantic import BaseModel
 
+from proxy import offloop
 from proxy.lru import LRU
 from proxy.request import Conversation, RequestContext
 from proxy.rewrite.events import CompactionInEffect, Offloaded, StatusAdded, StatusSkipped
@@ -37,15 +38,22 @@ from proxy.rewrite.status_bar.trajectory import (
 from proxy.store.keys import session_key
 from proxy.tokens.counter import default_counter
 from proxy.tokens.session_memo import RequestMemo, without
+from proxy.wire.codec import Codec, Item
 
 _SESSIONS_CACHED = 1_000  # sessions whose recorded statuses are kept in process
 _ERRORS_CACHED = 20_000  # tool results whose error look is remembered, by digest
 _PREV_HEX = 16  # hex chars of the preceding message's digest stored with a status
 
 
-def _is_agent(conv: Conversation) -> bool:
-    role = conv.wire.role
-    return bool(conv.tools) or any(role(m) == "tool" for m in conv.messages)
+def _has_tool_result(wire: Codec, messages: list[Item]) -> bool:
+    role = wire.role
+    return any(role(m) == "tool" for m in messages)
+
+
+async def _is_agent(conv: Conversation) -> bool:
+    """It has tools, or results of tools: a walk over every message, on the pool when they are many."""
+    return bool(conv.tools) or await offloop.run_unless_light(conv.messages, _has_tool_result, conv.wire,
+                                                             conv.messages)
 
 
 def _keys(ctx: RequestContext) -> tuple[str, str]:
@@ -66,9 +74,9 @@ class StatusBar:
         self._errors: LRU[bytes, bool] = LRU(_ERRORS_CACHED)
 
     async def restore(self, conv: Conversation, ctx: RequestContext) -> Conversation:
-        if self.settings.agents_only and not _is_agent(conv):
+        if self.settings.agents_only and not await _is_agent(conv):
             return conv
-        progress = self._progress(conv)
+        progress = await self._progress(conv)
         raw = conv.messages if not progress.statuses else without(conv.messages, progress.statuses)
         prev = conv.digest(raw[-1]).hex()[:_PREV_HEX] if raw else ""
         conv.status_anchor = StatusAnchor(progress.trajectory, len(raw), prev)
@@ -91,10 +99,10 @@ class StatusBar:
             conv.set_messages(conv.facts.insert(raw, ks, statuses))
         return conv
 
-    def _progress(self, conv: Conversation) -> Progress:
+    async def _progress(self, conv: Conversation) -> Progress:
         """The trajectory of the client's history, resumed after the messages the session's memo knows."""
         is_error, todo, wire = (lambda m: self._is_error(conv, m)), self.settings.todo, conv.wire
-        return (conv.memo or RequestMemo(client=conv.client_messages)).fold(
+        return await (conv.memo or RequestMemo(client=conv.client_messages)).fold(
             (self, "trajectory"), conv.messages, lambda: Progress(wire),
             lambda p, i, m: p.add_unless_status(i, m, is_error, todo), Progress.copy)
 

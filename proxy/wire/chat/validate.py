@@ -15,7 +15,7 @@ import orjson
 
 from proxy.errors import BadRequest
 from proxy.wire import jsonio
-from proxy.wire.body import check_writable
+from proxy.wire.body import check_depth, check_writable
 
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
@@ -26,6 +26,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         body: dict[str, Any] = jsonio.loads(raw)  # orjson; integers beyond 64 bits kept exact
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    check_depth(body)
     try:
         check_chat_body(body, messages_too=False)
         check_writable({k: v for k, v in body.items() if k != "messages"})

@@ -28,6 +28,8 @@ def _index(v: Any) -> int | None:
 def _arguments(block: dict[str, Any]) -> str:
     """A call's input as JSON text; "" (answered as bad arguments) if no JSON writer takes it (nested too deep)."""
     args = block.get("input")
+    if jsonio.deeper_than(args):
+        return ""
     try:
         return jsonio.dumps(args if isinstance(args, dict) else {}).decode()
     except (TypeError, ValueError, RecursionError):
