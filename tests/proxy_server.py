@@ -267,7 +267,11 @@ class InProcessProxy(_Clients):
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def settle(self, timeout: float = 30) -> None:
-        """Wait until the app has no work left on its loop (background summaries, accounting writes)."""
+        """Wait until the app has no work left on its loop (background summaries, accounting writes).
+
+        The guarded store's loop-lag monitor (its task named LOOP_LAG_TASK) beats for the app's whole
+        life: it is not work, and waiting for it to end would always run into the deadline.
+        """
         deadline = time.monotonic() + timeout
         while True:
             busy = [t for t in asyncio.all_tasks(self.loop)

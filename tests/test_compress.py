@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from typing import Any
 
@@ -257,13 +256,16 @@ def test_a_holder_killed_mid_compaction_frees_the_session_within_seconds(upstrea
     with InProcessProxy(settings(upstream, store_url, min_clear_tokens=100_000)) as p:
         assert asyncio.run(left_by_the_killed_process())
         upstream.script(*[responder] * 5)
-        started = time.monotonic()
-        r = p.post("/v1/chat/completions", timeout=60,
+        # The client gives up a few seconds after the dead holder's lease runs out: waiting the summary
+        # timeout (130 s) instead fails the test as a ReadTimeout, which the in-process bridge enforces.
+        bound = compress.LOCK_LEASE_S + 5
+        try:
+            r = p.post("/v1/chat/completions", timeout=bound,
                        headers={"authorization": "Bearer sk-a", "x-session-id": session},
                        json={"model": MODEL, "messages": agent_run(20), "tools": TOOLS})
-        took = time.monotonic() - started
+        except httpx.ReadTimeout:
+            pytest.fail(f"no answer {bound:g}s in: the request waited on a dead holder's lock past its lease")
     assert r.status_code == 200 and r.headers.get("x-ctxproxy-compacted") == "summary"
-    assert took < compress.LOCK_LEASE_S + 5, f"waited {took:.1f}s for a dead holder's lock"
 
 
 def test_a_live_holder_keeps_the_lock_past_its_lease_so_nobody_summarizes_twice(upstream, tmp_path, monkeypatch):

@@ -553,7 +553,7 @@ def test_sigterm_lets_an_in_flight_stream_finish(tmp_path, upstream):
         upstream.script(words)
         upstream.chunk_delay = 0.3
         events: list[Any] = []
-        signalled_at = None
+        signalled = False
         with httpx.stream("POST", url + "/v1/chat/completions", headers=AUTH, timeout=10,
                           json={"model": "m", "messages": HI, "stream": True}) as r:
             assert r.status_code == 200
@@ -562,17 +562,19 @@ def test_sigterm_lets_an_in_flight_stream_finish(tmp_path, upstream):
                     continue
                 payload = line[5:].strip()
                 events.append(payload if payload == "[DONE]" else json.loads(payload))
-                if signalled_at is None:
+                if not signalled:
                     proc.send_signal(signal.SIGTERM)
-                    signalled_at = time.monotonic()
-        assert signalled_at is not None
+                    signalled = True
+        assert signalled
         text = "".join(e["choices"][0]["delta"].get("content") or ""
                        for e in events if isinstance(e, dict) and e["choices"])
         assert text.split() == words.split() and events[-1] == "[DONE]"
         assert not any(isinstance(e, dict) and "error" in e for e in events)
-        code = proc.wait(timeout=30)  # the CLI's graceful-shutdown timeout
+        try:
+            code = proc.wait(timeout=30)  # the CLI's graceful-shutdown timeout
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"ctxproxy serve still running 30 s after SIGTERM, its stream done: {log.read_text()}")
         assert code in (0, -signal.SIGTERM), log.read_text()
-        assert time.monotonic() - signalled_at < 30
         assert "shutdown complete" in log.read_text().lower()
         # New connections are refused once it has gone.
         with pytest.raises(httpx.TransportError):

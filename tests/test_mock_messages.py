@@ -9,11 +9,13 @@ for the mock's rendering.
 from __future__ import annotations
 
 import json
-import time
+import threading
 from typing import Any
 
+import _mock_stream
 import anthropic
 import httpx
+import mock_upstream
 import pydantic
 import pytest
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
@@ -28,6 +30,7 @@ from mock_upstream import (
     render_block,
     tokens,
 )
+from sleep_spy import SleepSpy
 
 MODEL = "claude-opus-4-7"
 EPH = {"type": "ephemeral"}
@@ -529,16 +532,29 @@ def test_max_tokens_zero_prewarms(client: anthropic.Anthropic, upstream: MockUps
     assert cache(r) == (n, 0, 0) and r.content[0].text == "kept"
 
 
-def test_stream_respects_delays(client: anthropic.Anthropic, upstream: MockUpstream) -> None:
+def test_stream_respects_delays(client: anthropic.Anthropic, upstream: MockUpstream,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`delay` before the first event, `chunk_delay` between events, and the events really streamed.
+
+    What the mock waits is read from its sleeps; that it streams, from ordering: before each
+    pause between events the mock waits until the client holds the first event, which it
+    could not if the body were sent in one piece at the end.
+    """
+    got_first = threading.Event()
+    spy = SleepSpy(before_each=lambda: got_first.wait(10) if spy.slept[1:] else None)
+    monkeypatch.setattr(mock_upstream, "asyncio", spy)
+    monkeypatch.setattr(_mock_stream, "asyncio", spy)
     upstream.delay, upstream.chunk_delay = 0.1, 0.03
     upstream.script("w1 w2 w3 w4")
-    t0 = time.perf_counter()
-    arrivals = []
+    events = 0
     with client.messages.stream(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}]) as s:
         for _ in s:
-            arrivals.append(time.perf_counter() - t0)
-    assert arrivals[0] >= 0.1
-    assert arrivals[-1] - arrivals[0] >= 0.03 * 8  # 10 events after the first: really streamed
+            events += 1
+            got_first.set()
+    pauses = len(spy.slept) - 1
+    assert events >= 5 and pauses >= 8  # the SDK folds some wire events; the mock sent 10 after the first
+    assert spy.slept == [0.1] + [0.03] * pauses  # a pause before each event after the first
+    assert spy.hooked == [None] + [True] * pauses, spy.hooked  # the client had the first event before them
 
 
 @pytest.mark.parametrize("bad", [["x"], {"a": 1}, 7, None])

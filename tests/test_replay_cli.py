@@ -7,6 +7,8 @@ cache rule), written here without importing the simulator.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import struct
@@ -14,10 +16,12 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import pytest
 
+from proxy.cli import main as cli_main
 from proxy.replay import parse, run
 from proxy.replay.simulator import Simulator
 from proxy.replay.threaded_server import ThreadedServer
@@ -29,12 +33,33 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = example_paths()
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """`python -m proxy.cli ...` with no key and any outbound proxy pointing nowhere."""
+def _cli_env() -> dict[str, str]:
+    """No key, and any outbound proxy pointing nowhere."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "NO_PROXY", "no_proxy")}
     env.update(HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9", ALL_PROXY="http://127.0.0.1:9")
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "replay", *args], cwd=ROOT, env=env,
+    return env
+
+
+def cli_process(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python -m proxy.cli replay ...` as users run it (kept where the process is the subject)."""
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "replay", *args], cwd=ROOT, env=_cli_env(),
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`ctxproxy replay ...` through the CLI's main in this process: same arguments, output and exit code as
+    the subprocess, without a fresh interpreter and tiktoken load per call. `timeout` is the pytest timeout's."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with mock.patch.dict(os.environ, _cli_env(), clear=True), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        try:
+            cli_main(["replay", *args])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+    return subprocess.CompletedProcess(["ctxproxy", "replay", *args], code, out.getvalue(), err.getvalue())
 
 
 # --------------------------------------------------------------------------- the independent reference
@@ -109,7 +134,7 @@ def reference_baseline(paths, window):
 # --------------------------------------------------------------------------- (a) it runs, labelled as a simulation
 
 def test_replay_simulate_prints_the_table_and_the_totals():
-    r = cli("--simulate", "28")
+    r = cli_process("--simulate", "28")  # the one run as users run it: `python -m proxy.cli replay`
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "SIMULATION" in out and "simulat" in out.lower()

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import pytest
 from silent_server import SilentServer
@@ -21,7 +22,12 @@ from proxy.store.guarded import GuardedStore
 
 DEADLINE = 0.2
 BACKOFF = 0.1
-FAST = 0.1  # a fail-fast call takes microseconds; this is generous on a loaded machine
+# The client's own socket timeout is left long (SOCKET_TIMEOUT): the guard's deadline must hold by
+# itself. A call that is still pending after CLIENT_CAP was not bounded by the guard (it would have
+# failed at DEADLINE) and fails the test; the cap sits well below the socket timeout, so the socket
+# giving up cannot pass for the guard doing its job.
+SOCKET_TIMEOUT = 5
+CLIENT_CAP = 2.5
 
 
 @pytest.fixture
@@ -31,75 +37,101 @@ async def silent() -> AsyncIterator[SilentServer]:
 
 
 def guard(server: SilentServer, max_backoff: float = 10.0) -> GuardedStore:
-    # The client's own socket timeout is left long: the guard's deadline must hold by itself.
-    inner = RedisStore(server.url, prefix=f"ctxproxy-test:{uuid.uuid4().hex}:", connect_timeout=5, socket_timeout=5)
+    inner = RedisStore(server.url, prefix=f"ctxproxy-test:{uuid.uuid4().hex}:", connect_timeout=SOCKET_TIMEOUT,
+                       socket_timeout=SOCKET_TIMEOUT)
     return GuardedStore(inner, timeout=DEADLINE, backoff=BACKOFF, max_backoff=max_backoff)
 
 
-async def timed_failure(call) -> float:
-    started = time.monotonic()
-    with pytest.raises(StoreError):
-        await call
-    return time.monotonic() - started
+async def fails_at_the_deadline(call: Coroutine[Any, Any, Any]) -> StoreError:
+    """The call raises StoreError, because of the guard's deadline (not the client socket's timeout)."""
+    try:
+        await asyncio.wait_for(call, CLIENT_CAP)
+    except StoreError as exc:
+        assert f"within {DEADLINE:g}s" in str(exc), exc  # the guard's deadline, not some other failure
+        return exc
+    except TimeoutError:
+        pytest.fail(f"still waiting after {CLIENT_CAP}s: the guard's {DEADLINE}s deadline did not hold")
+    pytest.fail("a silent store answered")
+
+
+def fails_without_waiting(call: Coroutine[Any, Any, Any]) -> None:
+    """The call raises StoreError on its very first step: it never suspended, so it waited on nothing."""
+    try:
+        call.send(None)
+    except StoreError:
+        return
+    except StopIteration:
+        pytest.fail("a call answered while the breaker was open")
+    call.close()
+    pytest.fail("the call suspended (waited on the store) instead of failing fast")
 
 
 async def test_a_call_to_a_silent_store_fails_at_the_deadline(silent: SilentServer) -> None:
     g = guard(silent)
-    took = await timed_failure(g.get("t:a:k"))
-    assert DEADLINE * 0.9 < took < DEADLINE + 1.0
+    await fails_at_the_deadline(g.get("t:a:k"))
+    assert silent.connections == 1  # it did ask the store, and gave up on it
     assert g.degraded
     await g.close()
 
 
 async def test_while_backing_off_calls_fail_fast_without_reaching_the_store(silent: SilentServer) -> None:
     g = guard(silent)
-    await timed_failure(g.get("t:a:k"))
+    await fails_at_the_deadline(g.get("t:a:k"))
     reached = silent.connections
     for call in (g.get("t:a:k"), g.put("t:a:k", b"v"), g.incr("t:a:n"), g.acquire_lock("t:a:l", 5),
                  g.put_counted("t:a:b", b"v", "t:a:archive", 100)):
-        assert await timed_failure(call) < FAST
+        fails_without_waiting(call)
     assert silent.connections == reached
     await g.close()
 
 
 async def test_after_the_backoff_only_one_call_probes_and_the_others_fail_fast(silent: SilentServer) -> None:
     g = guard(silent)
-    await timed_failure(g.get("t:a:k"))
+    await fails_at_the_deadline(g.get("t:a:k"))
     await asyncio.sleep(BACKOFF * 1.5)
+    assert not g.degraded  # the backoff has run out: the next call may probe
     reached = silent.connections
-    finished: list[float] = []
-    started = time.monotonic()
+    order: list[int] = []
 
     async def one(i: int) -> None:
         with pytest.raises(StoreError):
             await g.get(f"t:a:{i}")
-        finished.append(time.monotonic() - started)
+        order.append(i)
 
-    await asyncio.gather(*(one(i) for i in range(10)))
-    assert silent.connections == reached + 1  # one probe reached the store, nine never asked it
-    finished.sort()
-    assert all(t < FAST for t in finished[:9]), finished
-    assert finished[9] >= DEADLINE * 0.9  # the probe paid the deadline
+    probe = asyncio.create_task(one(0))
+    await asyncio.sleep(0)  # the probe is admitted and now waits on the store
+    assert g.probing and g.degraded
+    for i in range(1, 10):  # the others, while it is in flight: each fails on its first step
+        fails_without_waiting(g.get(f"t:a:{i}"))
+    others = [asyncio.create_task(one(i)) for i in range(1, 10)]
+    await asyncio.wait_for(asyncio.gather(probe, *others), CLIENT_CAP)
+    assert order == [*range(1, 10), 0]  # nine failed while the probe was still waiting on the store
+    assert silent.connections == reached + 1  # one probe reached the store, the others never asked it
     await g.close()
 
 
 async def test_backoff_doubles_with_each_failed_probe_up_to_its_cap(silent: SilentServer) -> None:
     g = guard(silent, max_backoff=BACKOFF * 4)
-    waits = []
+    backoffs = []
     for _ in range(5):
-        await timed_failure(g.get("t:a:k"))
-        waits.append(g.open_until - time.monotonic())
+        before = time.monotonic()
+        await fails_at_the_deadline(g.get("t:a:k"))
+        after = time.monotonic()
+        # The breaker opened at the failure, which happened between `before` and `after`, for its backoff.
+        backoffs.append((before, g.open_until, after))
         await asyncio.sleep(max(0.0, g.open_until - time.monotonic()) + 0.01)
     expected = [BACKOFF, BACKOFF * 2, BACKOFF * 4, BACKOFF * 4, BACKOFF * 4]
-    assert all(e - 0.05 < w <= e for w, e in zip(waits, expected)), waits
+    for (before, until, after), e in zip(backoffs, expected, strict=True):
+        assert before + e <= until <= after + e, (backoffs, expected)
     await g.close()
 
 
 async def test_ping_of_a_silent_store_answers_false_within_the_deadline(silent: SilentServer) -> None:
     g = guard(silent)
-    started = time.monotonic()
-    assert await g.ping() is False
-    assert time.monotonic() - started < DEADLINE + 1.0
+    try:
+        assert await asyncio.wait_for(g.ping(), CLIENT_CAP) is False
+    except TimeoutError:
+        pytest.fail(f"ping still waiting after {CLIENT_CAP}s: the guard's {DEADLINE}s deadline did not hold")
     await g.close()
 
 
