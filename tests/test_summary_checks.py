@@ -127,13 +127,14 @@ def test_small_window_compactions_leave_room_and_never_come_back_to_back(upstrea
 
 @pytest.mark.parametrize("text", ["a" * 2_000_000, ("x" * 1000 + " ") * 2000, ("ab." * 300 + " ") * 2000])
 def test_identifiers_take_bounded_time_on_any_text(text):
-    """Compaction lists identifiers on the event loop: a long word run must not make that quadratic."""
+    """Compaction lists identifiers: a long word run must not make that quadratic (which on these texts runs
+    for many minutes: the deadline fails it; the time itself is no assertion)."""
     import subprocess
     import sys
-    code = ("import sys,time; from proxy.rewrite.compress.history import identifiers; "
-            "from proxy.wire.chat.codec import CHAT; t=sys.stdin.read(); s=time.perf_counter(); "
-            "identifiers(CHAT, [{'role':'assistant','content':t},{'role':'tool','tool_call_id':'c','content':t}], "
-            "400); print(time.perf_counter()-s)")
-    r = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, timeout=60)
+    code = ("import sys; from proxy.rewrite.compress.history import identifiers; "
+            "from proxy.wire.chat.codec import CHAT; t=sys.stdin.read(); "
+            "ids = identifiers(CHAT, [{'role':'assistant','content':t},{'role':'tool','tool_call_id':'c',"
+            "'content':t}], 400); print(len(ids))")
+    r = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, timeout=45)
     assert r.returncode == 0, r.stderr
-    assert float(r.stdout) < 3.0
+    assert int(r.stdout) <= 400
