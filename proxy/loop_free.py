@@ -24,7 +24,9 @@ def _parsed(raw: bytes, wire: Codec) -> Conversation:
 
 async def parse(raw: bytes, wire: Codec) -> Conversation:
     """Conversation.parse (a 400 for anything malformed), on the pool when the body is big."""
-    return await offloop.run_if(len(raw), _parsed, raw, wire)
+    if offloop.body_is_light(len(raw)):
+        return _parsed(raw, wire)
+    return await offloop.run(_parsed, raw, wire)
 
 
 async def check(conv: Conversation, start: int = 0) -> None:
@@ -37,4 +39,6 @@ async def to_bytes(conv: Conversation) -> bytes:
     """What is sent upstream (conv.to_bytes()): rendered and dumped on the pool when the body is big."""
     if not conv.changed:
         return conv.raw
-    return await offloop.run_if(len(conv.raw), conv.to_bytes)
+    if offloop.body_is_light(len(conv.raw), len(conv.messages)):
+        return conv.to_bytes()
+    return await offloop.run(conv.to_bytes)

@@ -90,6 +90,7 @@ class Threads:
 @pytest.mark.parametrize("api", ["chat", "responses", "messages"])
 async def test_many_small_items_are_counted_hashed_parsed_and_dumped_off_the_loop(api, upstream, tmp_path,
                                                                                      monkeypatch):
+    monkeypatch.setattr(offloop, "INLINE_BODY_BYTES", offloop.INLINE_CHARS)  # the parse of a 300 KB body too
     threads = Threads(monkeypatch)
     threads.wrap(default_counter, "message_counts", lambda messages, *a, **k: len(messages))
     threads.wrap(message_facts, "message_digest")
@@ -112,6 +113,7 @@ async def test_many_small_items_are_counted_hashed_parsed_and_dumped_off_the_loo
 @pytest.mark.parametrize("api", ["chat", "responses", "messages"])
 async def test_a_small_request_does_its_work_inline(api, upstream, tmp_path, monkeypatch):
     """No thread hop for little work: it would cost more than the work (offloop.INLINE_CHARS)."""
+    monkeypatch.setattr(offloop, "INLINE_BODY_BYTES", offloop.INLINE_CHARS)  # the parse of a 300 KB body too
     threads = Threads(monkeypatch)
     threads.wrap(default_counter, "message_counts", lambda messages, *a, **k: len(messages))
     threads.wrap(CODECS[api], "parse")
