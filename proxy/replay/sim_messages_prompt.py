@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.replay.sim_prompt import CACHE_MIN_TOKENS, Chunk, tokens
+from proxy.replay.trace_text import joined_text
 
 LOOKBACK_BLOCKS = 20  # a breakpoint also reads a prefix ending up to this many blocks before it
 
@@ -68,23 +69,17 @@ def _stripped(block: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in block.items() if k != "cache_control"}
 
 
+def _block_text(b: Any) -> str:
+    if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str):
+        return str(b["text"])
+    if isinstance(b, dict) and b.get("type") == "image":
+        return "[image]"
+    return json.dumps(_stripped(b) if isinstance(b, dict) else b, sort_keys=True)
+
+
 def nested_text(content: Any) -> str:
     """A tool_result's content as text: a string as is, blocks joined by newlines."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for b in content:
-            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str):
-                out.append(b["text"])
-            elif isinstance(b, dict) and b.get("type") == "image":
-                out.append("[image]")
-            else:
-                out.append(json.dumps(_stripped(b) if isinstance(b, dict) else b, sort_keys=True))
-        return "\n".join(out)
-    return json.dumps(content, sort_keys=True)
+    return joined_text(content, _block_text)
 
 
 def render_block(role: str, block: Any) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.prefix import common_prefix
+from proxy.replay.trace_text import joined_text
 from proxy.tokens.encodings import get_encoding
 
 DEFAULT_WINDOW = 32_000
@@ -32,24 +33,18 @@ Chunk = tuple[int, ...]
 
 # --------------------------------------------------------------------------- rendering and tokens
 
+def _part_text(part: Any) -> str | None:
+    if isinstance(part, dict) and part.get("type") == "prompt_cache_breakpoint":
+        return None  # a cache marker, not content
+    if isinstance(part, dict) and isinstance(part.get("text"), str):
+        return str(part["text"])
+    if isinstance(part, dict) and part.get("type") in ("image_url", "input_image", "image"):
+        return "[image]"
+    return json.dumps(part, sort_keys=True)
+
+
 def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "prompt_cache_breakpoint":
-                continue  # a cache marker, not content
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                out.append(part["text"])
-            elif isinstance(part, dict) and part.get("type") in ("image_url", "input_image", "image"):
-                out.append("[image]")
-            else:
-                out.append(json.dumps(part, sort_keys=True))
-        return "\n".join(out)
-    return json.dumps(content, sort_keys=True)
+    return joined_text(content, _part_text)
 
 
 def render_message(msg: Any) -> str:
