@@ -18,7 +18,8 @@ from proxy.http.chat import chat_completions
 from proxy.http.messages import count_tokens, messages
 from proxy.http.passthrough import passthrough
 from proxy.http.relay import client_codec, error_response
-from proxy.http.responses import responses, responses_websocket
+from proxy.http.responses import responses
+from proxy.http.responses_ws import responses_websocket
 from proxy.logs import log
 from proxy.state import ProxyState, state_of
 from proxy.store import open_store

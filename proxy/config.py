@@ -51,6 +51,8 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 60.0
 DEFAULT_KEEP_ALIVE_TIMEOUT = 5.0
 DEFAULT_MAX_CONNECTIONS = 2048
+DEFAULT_MAX_WEBSOCKETS = 512
+DEFAULT_WEBSOCKET_IDLE_TIMEOUT = 900.0  # Codex keeps one socket per session between turns
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_ROUTE = "default"
 # Context window assumed for a model found neither in `models:` nor in the
@@ -138,6 +140,11 @@ class ServerSettings(_Strict):
     # Open connections (or requests in flight) at most; past that, 503 at once.
     max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, gt=0)
     max_header_bytes: int = Field(default=DEFAULT_MAX_HEADER_BYTES, gt=0)  # a request's headers, larger: 431
+    # The Responses API over WebSocket (proxy/http/responses_ws.py): open sockets at most, seconds a socket
+    # may sit with no request before it is closed, and the bytes of history one socket may hold.
+    max_websockets: int = Field(default=DEFAULT_MAX_WEBSOCKETS, gt=0)
+    websocket_idle_timeout: float = Field(default=DEFAULT_WEBSOCKET_IDLE_TIMEOUT, gt=0)
+    websocket_history_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
 
 
 class LoggingSettings(_Strict):

@@ -198,17 +198,6 @@ def test_other_responses_endpoints_pass_through(proxy, upstream):
     assert upstream.requests[-1].path == "/v1/responses/input_tokens" and r.status_code == upstream.requests[-1].status
 
 
-@pytest.mark.proxy_config(real=True)  # a WebSocket upgrade is the transport's business
-def test_a_websocket_upgrade_is_refused_with_a_reason(proxy):
-    from websockets.exceptions import ConnectionClosed
-    from websockets.sync.client import connect
-
-    with connect(proxy.url.replace("http://", "ws://") + "/v1/responses") as ws:
-        with pytest.raises(ConnectionClosed) as closed:
-            ws.recv(timeout=5)
-    assert "HTTP only" in closed.value.rcvd.reason and "supports_websockets" in closed.value.rcvd.reason
-
-
 def _read_call_for_placeholder(body: dict) -> dict:
     """The model reads back what the proxy offloaded: a context_read call naming the handle it was shown."""
     text = json.dumps(body["input"])

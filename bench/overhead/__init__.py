@@ -30,6 +30,11 @@ machine noise hits them alike. Figures (milliseconds unless stated):
                 in ``x-api-key`` with ``anthropic-version``), the same targets.
                 A table puts the three APIs side by side: each one's added time
                 over direct, ctxproxy-added / floor-added, CPU per request.
+1d. small_responses_ws - the small Responses turn through ctxproxy twice per
+                round: over one kept-open WebSocket (``response.create`` to
+                ``response.completed``) and over HTTP with ``stream: true`` (to
+                the end of the stream); the ratio websocket / http of the medians
+                (``bench/overhead/websocket.py``).
 2. stream     - the same request with ``stream: true``: time to the first SSE
                 ``data:`` line (TTFC) and to the end of the stream (TTLC).
 3. c16        - 16 concurrent workers sending small non-streaming requests:

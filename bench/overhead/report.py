@@ -27,6 +27,7 @@ def print_report(res: dict[str, Any]) -> None:
     print_apis(res)
     print_litellm(res)
     _print_cpu(res)
+    _print_websocket(res)
     _print_proxy_log(res)
 
 
@@ -90,6 +91,18 @@ def _print_cpu(res: dict[str, Any]) -> None:
                                 if f"{name}_ms_per_{name}_request" in v)
                 print(f"  {key:<10} proxy {v['proxy_ms_per_proxied_request']:.3f}   mock "
                       f"{v['mock_ms_per_request']:.3f}   client {v['client_ms_per_request']:.3f}{extra}")
+
+
+def _print_websocket(res: dict[str, Any]) -> None:
+    """Scenario 1d: a small Responses turn over the proxy's WebSocket against the same turn over HTTP."""
+    w = res["scenarios"].get("small_responses_ws")
+    if not w:
+        return
+    print()
+    print("small Responses turn through ctxproxy, WebSocket vs HTTP stream (ms, one socket kept open):")
+    for k in ("http_stream", "websocket"):
+        print(f"  {k:<12} n {w[k]['n']:>4}  median {w[k]['median']:.3f}  p90 {w[k]['p90']:.3f}  p99 {w[k]['p99']:.3f}")
+    print(f"  ratio websocket / http median: {w['ratio_median']:.3f}")
 
 
 def _print_proxy_log(res: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from bench.overhead.config import (
 from bench.overhead.cpu import CpuMeter, timed_section
 from bench.overhead.processes import NotHealthy, Processes, wait_healthy
 from bench.overhead.stats import summary
+from bench.overhead.websocket import ws_vs_http
 
 
 def long_bodies(count: int) -> tuple[list[bytes], list[bytes], dict[str, Any]]:
@@ -193,6 +194,11 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         sc["small_responses"] = {k: summary(v) for k, v in r.items()}
         sc["small_responses"]["bytes"] = len(rsmall)
         samples["small_responses"] = r
+
+        # 1d. the same Responses turn over the proxy's WebSocket against the same turn streamed over HTTP
+        print(f"[1d/5] small Responses turn, WebSocket vs HTTP stream: {cfg['small']} rounds ...", flush=True)
+        sc["small_responses_ws"] = await ws_vs_http(s_proxy, proxy_url + "/v1", rsmall, cfg["small"],
+                                                    cfg["small_warm"])
 
         # 1c. and through the Anthropic Messages API (system as `system`, x-api-key), the same three targets
         msmall = messages_body(SMALL_MESSAGES)

@@ -49,8 +49,10 @@ class RequestRun:
     @classmethod
     def start(cls, request: Request, wire: Codec) -> RequestRun:
         rid = new_request_id()
-        return cls(rid, time.perf_counter(), {"request_id": rid, "path": request.scope["path"]},
-                   {"x-ctxproxy-request-id": rid}, wire=wire)
+        log: dict[str, object] = {"request_id": rid, "path": request.scope["path"]}
+        if "ctxproxy.transport" in request.scope:  # a turn of a WebSocket (proxy/http/ws_turn.py)
+            log["transport"] = request.scope["ctxproxy.transport"]
+        return cls(rid, time.perf_counter(), log, {"x-ctxproxy-request-id": rid}, wire=wire)
 
     def finish(self, fields: dict[str, object], **more: object) -> None:
         """The request's one log line."""

@@ -169,4 +169,8 @@ def guarded_protocol(server: ServerSettings) -> type[GuardedProtocol]:
 def uvicorn_options(server: ServerSettings) -> dict[str, Any]:
     """Keyword arguments for uvicorn.Config / uvicorn.run: how `ctxproxy serve` serves."""
     return {"http": guarded_protocol(server), "timeout_keep_alive": server.keep_alive_timeout,
-            "limit_concurrency": None}  # GuardedProtocol applies max_connections, answering in OpenAI shape
+            "limit_concurrency": None,  # GuardedProtocol applies max_connections, answering in OpenAI shape
+            # the Responses WebSocket: one frame is one request body, bounded alike; permessage-deflate, which
+            # Codex asks for; pings keep a socket idle between turns alive through NATs and load balancers
+            "ws": "websockets-sansio", "ws_max_size": server.max_body_bytes, "ws_per_message_deflate": True,
+            "ws_ping_interval": 20.0, "ws_ping_timeout": 20.0}
