@@ -259,3 +259,21 @@ def test_a_client_leaving_mid_turn_frees_the_socket_and_the_proxy_serves_on(prox
     upstream.chunk_delay = 0
     with connect(ws_url(proxy), additional_headers={"authorization": f"Bearer {KEY}"}) as ws:
         assert completed(turn(ws, model="gpt-5", input="hello"))["output"][0]["content"][0]["text"] == "after"
+
+
+def test_hostile_frames_get_error_events_not_a_dead_socket(proxy, upstream):
+    deep: object = "x"
+    for _ in range(300):
+        deep = [deep]
+    frames = [json.dumps({"type": "response.create", "model": "gpt-5", "input": deep}),
+              json.dumps({"type": ["response.create"]}), json.dumps([1, 2]), "null",
+              json.dumps({"type": "response.create", "model": "gpt-5", "input": {"not": "a list"}}),
+              json.dumps({"type": "response.create", "model": "gpt-5", "input": "hi",
+                          "previous_response_id": ["a"], "stream_id": {"x": 1}})]
+    with connect(ws_url(proxy), additional_headers={"authorization": f"Bearer {KEY}"}) as ws:
+        for frame in frames:
+            ws.send(frame)
+            ev = json.loads(ws.recv(timeout=10))
+            assert ev["type"] == "error" and 400 <= ev["status"] < 500, (frame[:80], ev)
+        upstream.script("still here")
+        assert completed(turn(ws, model="gpt-5", input="hello"))["output"][0]["content"][0]["text"] == "still here"

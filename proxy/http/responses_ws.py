@@ -34,6 +34,7 @@ from proxy.http.ws_turn import Outcome, http_headers, proxy_error, run_turn, ws_
 from proxy.logs import event, log
 from proxy.state import ProxyState
 from proxy.wire import jsonio
+from proxy.wire.body import check_depth
 
 _IGNORED = frozenset({"response.processed"})  # Codex's acknowledgement of a response: nothing to answer
 _QUEUED = 8  # frames waiting behind a running turn; more is a client not waiting for its answers
@@ -204,4 +205,5 @@ def _create(frame: bytes | str) -> dict[str, Any] | None:
     inner = data.get("response")
     if isinstance(inner, dict) and "model" not in data and "input" not in data:
         data = inner
+    check_depth(data)  # before anything writes it back (orjson cannot write such values safely)
     return data

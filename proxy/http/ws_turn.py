@@ -145,7 +145,7 @@ def _frame(payload: bytes, stream_id: str | None, outcome: Outcome) -> bytes:
         data = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return payload
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or jsonio.deeper_than(data):  # too deep to write back: passed as it came
         return payload
     kind = data.get("type")
     if kind == "response.completed" and isinstance(data.get("response"), dict):
