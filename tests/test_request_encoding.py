@@ -196,6 +196,8 @@ def test_an_unknown_coding_is_415_in_the_apis_own_shape(proxy, upstream):
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
     assert "'lz4'" in r.json()["error"]["message"]
     assert upstream.requests == []
+    r = proxy.post(path, content=orjson.dumps(body), headers={**headers, "content-encoding": "identity"})
+    assert r.status_code == 200, r.text  # identity is no coding at all
 
 
 @functools.cache
