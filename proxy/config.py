@@ -130,6 +130,7 @@ class ServerSettings(_Strict):
 
     host: str = DEFAULT_HOST
     port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
+    # A request body's bytes, as sent and (compressed: proxy/http/content_coding.py) as decoded; larger: 413.
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     # Seconds for a request's headers to arrive, from the connection opening; then it is closed.
     header_timeout: float = Field(default=DEFAULT_HEADER_TIMEOUT, gt=0)

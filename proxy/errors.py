@@ -20,7 +20,7 @@ def error_body(message: str, type_: str, code: str | None = None, param: str | N
 # Anthropic's error types by status (docs.anthropic.com/en/api/errors); 502/504 are the proxy's reaching the API.
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                     404: "not_found_error", 408: "invalid_request_error", 413: "request_too_large",
-                    429: "rate_limit_error", 529: "overloaded_error"}
+                    415: "invalid_request_error", 429: "rate_limit_error", 529: "overloaded_error"}
 
 
 ANTHROPIC_ERROR_TYPES = frozenset({*_ANTHROPIC_TYPES.values(), "api_error"})
@@ -91,6 +91,14 @@ class PayloadTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UnsupportedMediaType(ProxyError):
+    """A request body in a form the proxy cannot read (a Content-Encoding it cannot undo)."""
+
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
 
 
 class UpstreamUnreachable(ProxyError):

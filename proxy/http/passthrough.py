@@ -44,7 +44,7 @@ async def passthrough(request: Request) -> Response:
     log: dict[str, object] = {"request_id": rid, "method": request.method, "path": request.scope["path"]}
     wire = client_codec(request)
     try:
-        body = await read_body(request, st.settings.server)
+        body = await read_body(request, st.settings.server, decode=False)  # forwarded as sent, encoding and all
         route = resolve_route(st.settings, request.path_params.get("route"), request.headers,
                               _model_of(body, request.headers.get("content-type", "")),
                               "anthropic" if wire.family == "anthropic" else None)

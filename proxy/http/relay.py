@@ -10,30 +10,38 @@ from starlette.responses import Response, StreamingResponse
 
 from proxy.config import ServerSettings
 from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, RequestTimeout
+from proxy.http.content_coding import IDENTITY, Decoder, decoder_for
 from proxy.wire.chat.codec import CHAT
 from proxy.wire.codec import Codec
 from proxy.wire.messages.codec import MESSAGES
 
 JSON = "application/json"
+# Decoded bytes of a compressed body between two turns the loop gives the other requests.
+_DECODED_PER_TURN = 1 << 20
 
 
-async def read_body(request: Request, server: ServerSettings) -> bytes:
-    """The request body, bounded in size and in time.
+async def read_body(request: Request, server: ServerSettings, *, decode: bool = True) -> bytes:
+    """The request body, bounded in size and in time, its Content-Encoding undone.
 
     Refused with 413 as soon as it passes `server.max_body_bytes` (never read
     whole first), with 408 if it has not all arrived `server.body_timeout`
     seconds after its headers: a client trickling a body a byte at a time
-    must not hold a connection and a task forever.
+    must not hold a connection and a task forever. A compressed body is
+    decoded as it arrives (proxy/http/content_coding.py) and its decoded size
+    held to the same limit, so a compression bomb is refused after one piece
+    past the limit, never inflated whole. `decode=False`: the bytes as sent
+    (a passthrough forwards them with their Content-Encoding).
     """
+    decoder = decoder_for(", ".join(request.headers.getlist("content-encoding"))) if decode else IDENTITY
     try:
         async with asyncio.timeout(server.body_timeout):
-            return await _read_body(request, server.max_body_bytes)
+            return await _read_body(request, server.max_body_bytes, decoder)
     except TimeoutError:
         raise RequestTimeout(f"request body not received within {server.body_timeout:g} s "
                              "(server.body_timeout)") from None
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, decoder: Decoder) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -42,13 +50,23 @@ async def _read_body(request: Request, limit: int) -> bytes:
         except ValueError:
             raise BadRequest("invalid Content-Length header") from None
     chunks: list[bytes] = []
-    size = 0
+    received = held = since_turn = 0
     try:
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
+            received += len(chunk)
+            if received > limit:
                 raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
+            for piece in decoder.feed(chunk):
+                held += len(piece)
+                if held > limit:
+                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes once decoded "
+                                          f"(Content-Encoding: {decoder.name})")
+                chunks.append(piece)
+                since_turn += len(piece)
+                if since_turn >= _DECODED_PER_TURN:  # a few ms of inflating at most between two loop turns
+                    since_turn = 0
+                    await asyncio.sleep(0)
+        decoder.close()
     except ClientDisconnect:
         raise BadRequest("client disconnected while sending the body", code="client_disconnected") from None
     return b"".join(chunks)

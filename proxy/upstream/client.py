@@ -61,14 +61,19 @@ def _dropped(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
 
 def request_headers(client_headers: Iterable[tuple[str, str]], upstream: UpstreamSettings,
                     *, identity_encoding: bool = False) -> list[tuple[str, str]]:
-    """The client's headers for the provider: hop-by-hop removed, key injected if configured."""
+    """The client's headers for the provider: hop-by-hop removed, key injected if configured.
+
+    `identity_encoding`: the proxy sends a body of its own (the client's, decoded, rewritten and serialized
+    again) and reads the answer, so neither is compressed: the client's Content-Encoding is dropped (the
+    transport sets Content-Length for the new body) and the answer is asked for as identity.
+    """
     items = list(client_headers)
     drop = _dropped(items) | _PROXY_HEADERS
     key = upstream.api_key()
     if key:
         drop = drop | {"authorization", "api-key", "x-api-key"}
     if identity_encoding:
-        drop = drop | {"accept-encoding"}
+        drop = drop | {"accept-encoding", "content-encoding"}
     out = [(k, v) for k, v in items if k.lower() not in drop]
     for k, v in out:
         if not v.isascii():
