@@ -8,6 +8,12 @@ whose command prints tens of kilobytes, then a final message. At a 32k window th
 same session sent straight to the mock overflows, and the agent says so; through the
 proxy it completes, because the proxy offloaded or compacted.
 
+Codex reaches the proxy two ways: a custom provider over HTTP (`supports_websockets =
+false`, what the README tells users to set), and its defaults (only `openai_base_url`),
+where it opens a Responses WebSocket first and falls back to HTTP after about 6.5 s of
+retries while the proxy refuses it; the defaults test asserts the target (no WebSocket
+trouble) and is an expected failure until the proxy serves WebSocket mode.
+
 Without the binaries the tests skip with the install command; under CI=true they fail.
 """
 
