@@ -20,7 +20,9 @@ block-by-block rendering and Anthropic's own caching rules, written only at
 ``cache_control`` breakpoints and found by a 20-block lookback
 (tests/_mock_messages_prompt.py), and its message object and exact SSE event
 sequence (tests/_mock_messages_wire.py); `claude-*` models have a 200k window.
-Everything else is minimal.
+A scripted model (`ShellAgent`, tests/_mock_agent.py), set as `default_reply`,
+plays every turn of a real Codex or Claude Code session with the client's own
+shell tool. Everything else is minimal.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 try:  # imported as tests.mock_upstream (benchmarks) or mock_upstream (pytest rootdir)
+    from . import _mock_agent as ag
     from . import _mock_messages_prompt as ap
     from . import _mock_messages_wire as aw
     from . import _mock_prompt as mp
@@ -52,6 +55,7 @@ try:  # imported as tests.mock_upstream (benchmarks) or mock_upstream (pytest ro
     from . import _mock_responses_wire as rw
     from . import _mock_stream as ms
 except ImportError:
+    import _mock_agent as ag  # type: ignore[no-redef]
     import _mock_messages_prompt as ap  # type: ignore[no-redef]
     import _mock_messages_wire as aw  # type: ignore[no-redef]
     import _mock_prompt as mp  # type: ignore[no-redef]
@@ -78,6 +82,7 @@ messages_prompt_tokens = ap.prompt_tokens
 min_cacheable_tokens = ap.min_cacheable_tokens
 BreakpointCache = ap.BreakpointCache
 messages_error_body = aw.error_body
+ShellAgent = ag.ShellAgent  # a scripted model for real agent binaries (tests/_mock_agent.py)
 
 DEFAULT_WINDOW = 128_000
 DEFAULT_WINDOWS: dict[str, int] = {"gpt-4o": 128_000, "gpt-4o-mini": 128_000}
@@ -100,6 +105,7 @@ class RecordedRequest:
     body: bytes
     json: Any
     status: int | None = None  # what the mock answered
+    answer: bytes | None = None  # the body it answered with, unless streamed (e.g. an error's)
     usage: dict[str, Any] | None = None  # full usage (cached_tokens even if not reported)
 
 
@@ -175,6 +181,9 @@ class MockUpstream:
             self.messages_cache.clear()
             self.stored.clear()
             self._script: collections.deque[ScriptEntry] = collections.deque()
+            # what a request gets once the script is empty: e.g. a ShellAgent (tests/_mock_agent.py), which
+            # answers every turn of a real agent binary's session
+            self.default_reply: ScriptEntry = "ok"
             self._failures: collections.deque[_Failure] = collections.deque()
             self.windows: dict[str, int] = dict(DEFAULT_WINDOWS)
             self.default_window = DEFAULT_WINDOW
@@ -203,7 +212,8 @@ class MockUpstream:
         """Queue replies: text, `{"tool_calls": [{"name", "arguments"}], "content"?, "thinking"?}`, or a
         callable `(request_json) -> either`. Used in order by chat, Responses and Messages requests
         alike (a Responses reply is a message item and/or function_call items, a Messages reply text
-        and/or tool_use blocks, after a thinking block if the request enables thinking); "ok" when empty."""
+        and/or tool_use blocks, after a thinking block if the request enables thinking); `default_reply`
+        ("ok" unless set) when empty."""
         with self._lock:
             self._script.extend(responses)
 
@@ -263,6 +273,8 @@ class MockUpstream:
             response = self._json(500, ms.error_body(f"mock upstream error: {self.errors[-1]}",
                                                      type_="server_error"))
         rec.status = response.status_code
+        if not isinstance(response, StreamingResponse):
+            rec.answer = bytes(response.body)
         await response(scope, receive, send)
 
     def _route(self, rec: RecordedRequest, first_delay: float, chunk_delay: float) -> Response:
@@ -359,7 +371,7 @@ class MockUpstream:
 
     def _next_reply(self, body: dict[str, Any], call_prefix: str = "call_") -> ms.Reply:
         with self._lock:
-            entry: ScriptEntry = self._script.popleft() if self._script else "ok"
+            entry: ScriptEntry = self._script.popleft() if self._script else self.default_reply
         if callable(entry):
             entry = entry(body)
         if isinstance(entry, str):
