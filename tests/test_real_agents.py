@@ -211,13 +211,13 @@ def test_claude_code_through_the_proxy_finishes_in_the_same_window(upstream: Moc
     assert stats["offloads"] + stats["compactions"] >= CALLS - 1, stats
 
 
-@pytest.mark.xfail(strict=True, reason="Responses WebSocket not served yet")
+@pytest.mark.parametrize("base", ["/v1", "/r/default/v1"])
 def test_codex_at_its_defaults_is_managed_without_websocket_trouble(upstream: MockUpstream, make_proxy: Any,
-                                                                      tmp_path: Path) -> None:
-    """Codex's built-in provider, only its base URL changed: it opens a Responses WebSocket first."""
+                                                                      tmp_path: Path, base: str) -> None:
+    """Codex's built-in provider, only its base URL changed: it talks to the proxy over a Responses WebSocket."""
     a = agent(upstream, CODEX_COMMAND, CODEX_MODEL)
     p = make_proxy(real=True, models={CODEX_MODEL: {"context_window": WINDOW}})
-    r = codex(tmp_path, f'openai_base_url = "{p.url}/v1"\n', OPENAI_API_KEY="sk-test", CODEX_API_KEY="sk-test")
+    r = codex(tmp_path, f'openai_base_url = "{p.url}{base}"\n', OPENAI_API_KEY="sk-test", CODEX_API_KEY="sk-test")
     assert r.returncode == 0 and FINAL in r.stdout, r.tail()
     trouble = [t for t in WEBSOCKET_TROUBLE if t in r.output]
     assert not trouble, f"{trouble} in Codex's output:\n{r.tail()}"
