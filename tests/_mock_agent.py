@@ -63,7 +63,7 @@ def _texts(content: Any) -> list[str]:
 
 def last_user_texts(body: dict[str, Any]) -> list[str]:
     """The texts of the request's last user turn: the trailing non-assistant messages (Chat, Responses) or the
-    last message when it is the user's (Messages); tool results carry no instruction and are skipped."""
+    last user message and the system messages after it (Messages); tool results carry no instruction."""
     items = body.get("input") if isinstance(body.get("input"), list) else body.get("messages")
     if isinstance(body.get("input"), str):
         return [body["input"]]
@@ -73,8 +73,8 @@ def last_user_texts(body: dict[str, Any]) -> list[str]:
                 None, "message"):
             break
         texts = _texts(item.get("content")) + texts
-        if "messages" in body:  # a Messages turn is one message
-            break
+        if "messages" in body and item.get("role") != "system":  # a Messages turn is one message (and any
+            break                                                # mid-conversation system messages after it)
     return texts
 
 

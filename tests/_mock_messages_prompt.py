@@ -9,7 +9,8 @@ against it rather than against itself.
 messages worded as Anthropic words them, locations pydantic-style
 ``messages.1.content.0``): ``max_tokens`` (an integer >= 0; 0 only fills the
 prompt cache, as the SDK documents), ``messages`` (a non-empty list) and
-``model`` required; roles ``user`` or ``assistant``; content a string or a
+``model`` required; roles ``user`` or ``assistant`` (and, after the first,
+``system`` right after a user turn: mid-conversation system messages); content a string or a
 list of blocks, each an object with a ``type``; unknown block types accepted.
 Every message but a final assistant one needs non-empty content, text blocks
 must be non-empty, a final assistant message cannot end in whitespace.
@@ -166,7 +167,10 @@ def _check_messages(messages: Any) -> None:
         for name in ("content", "role"):
             if name not in msg:
                 raise _fail(f"{loc}.{name}", "Field required")
-        if msg["role"] not in ROLES:
+        if msg["role"] == "system" and i:  # mid-conversation system messages: right after a user turn only
+            if messages[i - 1].get("role") != "user":
+                raise _fail(f"{loc}.role", "a system message must immediately follow a user turn")
+        elif msg["role"] not in ROLES:
             raise _fail(f"{loc}.role", "Input should be 'user' or 'assistant'")
         content = msg["content"]
         if not isinstance(content, str | list):

@@ -445,3 +445,22 @@ def test_models_passes_through_on_the_route_that_speaks_anthropic(upstream, tmp_
         assert r.status_code == 200 and r.headers["x-ctxproxy-route"] == "claude"  # the Anthropic client's route
         r = p.get("/v1/models", headers={"authorization": f"Bearer {KEY}"})
         assert r.status_code == 200 and r.headers["x-ctxproxy-route"] == "default"
+
+
+def test_mid_conversation_system_messages_pass_as_sent(proxy, upstream):
+    """Claude Code puts `role: system` messages after a user turn (the API's mid-conversation system messages):
+    forwarded in place, also between a tool_use and its tool_result's turn boundary, and counted."""
+    messages = [*tool_turn(big_log()),
+                {"role": "system", "content": "The user prefers terse answers."},
+                {"role": "assistant", "content": "Item 7919 is bad."},
+                {"role": "user", "content": "Thanks. Which line?"},
+                {"role": "system", "content": [{"type": "text", "text": "Answer with a line number."}]}]
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 64, "tools": TOOLS, "messages": messages}
+    r = post(proxy, body)
+    assert r.status_code == 200, r.text
+    got = sent(upstream)["messages"]
+    assert [m["role"] for m in got][:len(messages)] == [m["role"] for m in messages]
+    assert got[3] == messages[3] and got[6] == messages[6]
+    assert post(proxy, body, "/v1/messages/count_tokens").status_code == 200
+    first = post(proxy, {**body, "messages": [{"role": "system", "content": "x"}, *messages]})
+    assert first.status_code == 400 and "top-level `system`" in first.json()["error"]["message"]

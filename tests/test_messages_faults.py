@@ -512,7 +512,7 @@ def test_rejected_messages_requests_store_nothing(upstream, tmp_path):
     with InProcessProxy(make_settings(upstream.base_url, url, defaults=OFFLOAD)) as p:
         turns = big_tool_turns("rejected")  # would be offloaded, were it not refused
         for body in ({**ask(messages=turns), "stream": "yes"}, {**ask(messages=turns), "max_tokens": 0},
-                     ask(messages=[turns[0], turns[2]]), ask(messages=[*turns, {"role": "system", "content": "x"}])):
+                     ask(messages=[turns[0], turns[2]]), ask(messages=[{"role": "system", "content": "x"}, *turns])):
             assert_anthropic_error(post(p, body), 400, "invalid_request_error")
         assert_anthropic_error(post(p, ask(messages=turns), {"x-ctx-route": "nope"}), 404)
         time.sleep(0.2)  # let any (wrong) background write land before looking

@@ -11,8 +11,10 @@ At render, consecutive items of one role are joined into one message (the API
 wants turns to alternate; it would combine them anyway), and a run that is
 exactly the items one client message was split into is emitted as that very
 message object: what no transform changed is the client's bytes. A `system`
-role item (a status bar or summary note configured as system) has no place
-among Messages turns: it joins the user turn it sits in.
+role item the proxy made (a status bar or summary note configured as system)
+joins the user turn it sits in; a client's own `system` message (the API's
+mid-conversation system messages, which Claude Code sends) stays a message of
+its own, as it came.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def split(messages: list[Any]) -> tuple[list[Any], Origins]:
     origins: Origins = {}
     for m in messages:
         content = m.get("content")
+        if isinstance(m, dict) and m.get("role") == "system":
+            origins[id(m)] = (m, (m,))  # the client's own: rendered back as itself (`join`)
         if m.get("role") != "user" or not isinstance(content, list) \
                 or not any(isinstance(b, dict) and b.get("type") == TOOL_RESULT for b in content):
             items.append(m)
@@ -92,6 +96,11 @@ def join(items: list[Any], origins: Origins) -> list[Any]:
         out.append({"role": role, "content": [b for item in run for b in _blocks(item)]})
 
     for item in items:
+        if _own_system(item, origins):  # a message of its own, between turns
+            flush()
+            run, role = [], ""
+            out.append(item)
+            continue
         r = turn_role(item)
         if r != role:
             flush()
@@ -99,3 +108,8 @@ def join(items: list[Any], origins: Origins) -> list[Any]:
         run.append(item)
     flush()
     return out
+
+
+def _own_system(item: Any, origins: Origins) -> bool:
+    """A `system` message the client sent (not one a transform made): `split` recorded it as its own origin."""
+    return not is_block(item) and item.get("role") == "system" and origins.get(id(item), (None,))[0] is item

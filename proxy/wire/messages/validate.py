@@ -62,7 +62,7 @@ def _check_messages(messages: Any) -> None:
         if not isinstance(m, dict):
             raise BadRequest(f"messages.{i}: Input should be a valid dictionary", param=f"messages.{i}")
         role = m.get("role")
-        if role not in ("user", "assistant"):
+        if role not in ("user", "assistant") and not (role == "system" and i > 0):
             hint = " (a system prompt goes in the top-level `system` field)" if role == "system" else ""
             raise BadRequest(f"messages.{i}.role: Input should be 'user' or 'assistant'{hint}",
                              param=f"messages.{i}.role")
@@ -82,6 +82,8 @@ def _check_messages(messages: Any) -> None:
         elif not isinstance(content, str):
             raise BadRequest(f"messages.{i}.content: Input should be a valid string or a list of content blocks",
                              param=f"messages.{i}.content")
+        if role == "system":  # a mid-conversation instruction (Claude Code sends them): its placement is the
+            continue           # provider's to judge, and it stands outside the tool_use / tool_result pairing
         if turns and turns[-1][0] == role:
             turns[-1][1].extend(blocks)
         else:
