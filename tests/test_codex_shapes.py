@@ -20,7 +20,7 @@ import openai
 import orjson
 import pytest
 from openai.types.responses import Response, ResponseCompactionItem, ResponseStreamEvent
-from proxy_server import InProcessProxy
+from proxy_server import InProcessProxy, make_settings
 from pydantic import TypeAdapter
 
 KEY = "sk-codex"
@@ -103,6 +103,69 @@ def without_clock(body: bytes) -> bytes:
     return re.sub(rb"elapsed: [^\\]+|time: [0-9T:-]+Z", b"", body)
 
 
+def test_the_read_tool_joins_the_additional_tools_item_never_a_new_tools_list(proxy, upstream):
+    body = lite([TASK, *call(1, big_log())])
+    r = create(client(proxy), body)
+    assert r.output_text == "ok"
+    up = sent(upstream)
+    assert "tools" not in up and "instructions" not in up  # still the Lite shape
+    assert up["input"][0] == {**ADDITIONAL, "tools": [FUNCTIONS, MCP, read_tool()]}  # id, role, key order kept
+    assert list(up["input"][0]) == list(ADDITIONAL)
+    assert up["input"][1:4] == [BASE, TASK, body["input"][3]]
+    assert HANDLE.search(up["input"][4]["output"])  # offloaded, naming the tool the model now has
+    assert "<agent_status>" in up["input"][-1]["content"][0]["text"]
+
+
+def test_a_lite_request_is_rewritten_into_the_same_bytes_twice_and_after_a_restart(upstream, tmp_path):
+    body = orjson.dumps(lite([TASK, *call(1, big_log())]))
+    settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/r.db", **config())
+    bodies = []
+    for _ in range(2):
+        with InProcessProxy(settings) as p:
+            for _ in range(2):
+                r = p.post("/v1/responses", content=body, headers={"authorization": f"Bearer {KEY}"})
+                assert r.status_code == 200, r.text
+                bodies.append(without_clock(upstream.requests[-1].body))
+    assert bodies[0] == bodies[1] == bodies[2] == bodies[3]
+    assert orjson.dumps({**ADDITIONAL, "tools": [FUNCTIONS, MCP, read_tool()]}) in bodies[0]
+
+
+def test_a_lite_first_turn_is_an_agent_turn_and_its_fields_pass_as_sent(proxy, upstream):
+    """No tool result yet, no top-level tools: the additional_tools item makes it an agent request. Its
+    client_metadata, reasoning.context and the missing instructions pass as the client sent them."""
+    body = lite([TASK], stream=False)
+    r = create(client(proxy), body)
+    assert r.status == "completed"
+    raw, up = upstream.requests[-1].body, sent(upstream)
+    assert up["input"][0]["tools"][-1] == read_tool() and "tools" not in up and "instructions" not in up
+    assert up["input"][-1]["role"] == "user" and "<agent_status>" in up["input"][-1]["content"][0]["text"]
+    assert up["client_metadata"] == LITE and up["reasoning"] == REASONING
+    assert orjson.dumps(LITE) in raw and orjson.dumps(REASONING) in raw  # byte for byte
+
+
+def test_names_inside_namespace_tools_are_taken(proxy, upstream):
+    """An MCP server offering `context_read` in its namespace: the proxy's read tool takes another name."""
+    memory = {"type": "namespace", "name": "mcp__memory", "description": "Notes.", "tools": [
+        {"type": "function", "name": "context_read", "description": "Read a note.", "strict": False,
+         "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}]}
+    body = {"model": MODEL, "tools": [FUNCTIONS, memory], "store": False,
+            "input": [TASK, *call(1, big_log())]}
+    r = create(client(proxy), body)
+    assert r.output_text == "ok"
+    up = sent(upstream)
+    assert up["tools"] == [FUNCTIONS, memory, read_tool("ctxproxy_context_read")]
+    assert 'ctxproxy_context_read(handle="ctx_' in up["input"][2]["output"]
+
+
+def test_an_additional_tools_item_whose_tools_are_not_a_list_is_a_400_naming_it(proxy, upstream):
+    """The proxy may add its read tool there, so it is checked as the top-level `tools` is."""
+    body = lite([TASK])
+    body["input"][0] = {**ADDITIONAL, "tools": {"not": "a list"}}
+    r = post(proxy, body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].tools"
+    assert not upstream.requests
+
+
 def test_the_mock_refuses_a_compaction_trigger_that_is_not_last_and_answers_one_that_is(upstream):
     """The provider's rules, checked against the SDK's own types: what the proxy must not break."""
     c = openai.OpenAI(base_url=upstream.base_url, api_key=KEY, max_retries=0)
@@ -117,3 +180,47 @@ def test_the_mock_refuses_a_compaction_trigger_that_is_not_last_and_answers_one_
     assert "response.compaction.compacting" in [e.type for e in events]
     done = [e.item for e in events if e.type == "response.output_item.done"]
     assert done == events[-1].response.output and done[0].encrypted_content
+
+
+def _summary_or_ok(body: dict) -> str:
+    last = json.dumps(body.get("input", [])[-1:])
+    if "compacting it" not in last and "<transcript>" not in last:
+        return "ok"
+    from proxy.rewrite.compress.summarizer import SECTIONS
+    return "\n".join(f"## {s}\n- the agent read part {i} of the log" for i, s in enumerate(SECTIONS))
+
+
+def _output(n: int) -> str:
+    return "\n".join(f"part {n} line {j}: worker {j * 31 % 97} processed item {n * 1000 + j} ok" for j in range(60))
+
+
+MODEL_32K = "gpt-test-32k"
+
+
+def compacted_session(upstream, tmp_path) -> tuple[InProcessProxy, list[dict], str]:
+    """A Lite session the proxy compacted, one turn past it: its proxy (open), history, compaction version."""
+    s = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db", models={MODEL_32K: {"context_window": 32000}},
+                      **config(compress={"precompute": None, "exclude_tools": ["exec_command"]}))
+    upstream.script(*[_summary_or_ok] * 100)
+    history: list[dict] = [TASK]
+    p = InProcessProxy(s).__enter__()
+    compacted = False
+    for n in range(40):
+        history += call(n, _output(n))
+        r = post(p, lite(history, model=MODEL_32K))
+        assert r.status_code == 200, r.text
+        if compacted and "x-ctxproxy-compacted" not in r.headers:
+            return p, history, r.headers["x-ctxproxy-compaction"]  # a turn after the compaction replays it
+        compacted = compacted or "x-ctxproxy-compacted" in r.headers
+    raise AssertionError("the session was never compacted")
+
+
+def test_the_summary_call_of_a_lite_session_keeps_the_tools_in_their_item(upstream, tmp_path):
+    """The cached-shape summary call repeats the agent's first item, read tool included, and no tools list."""
+    p, _, _ = compacted_session(upstream, tmp_path)
+    with p:
+        agent = sent(upstream)
+        summaries = [rq for rq in upstream.requests if "compacting it" in json.dumps(rq.json["input"][-1:])]
+        assert summaries and all("tools" not in rq.json for rq in summaries)
+        assert all(rq.json["input"][0] == agent["input"][0] for rq in summaries)
+        assert sum(rq.usage["input_tokens_details"]["cached_tokens"] for rq in summaries) > 0  # the agent's cache
