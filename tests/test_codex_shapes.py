@@ -224,3 +224,33 @@ def test_the_summary_call_of_a_lite_session_keeps_the_tools_in_their_item(upstre
         assert summaries and all("tools" not in rq.json for rq in summaries)
         assert all(rq.json["input"][0] == agent["input"][0] for rq in summaries)
         assert sum(rq.usage["input_tokens_details"]["cached_tokens"] for rq in summaries) > 0  # the agent's cache
+
+
+def test_codexs_own_compaction_stays_last_is_not_compacted_and_the_session_goes_on(upstream, tmp_path):
+    """Codex compacts a session the proxy compacted before: its trigger stays last, nothing is added after
+    it, the proxy replays its own compaction (the same prefix, the same bytes) but makes no new one, though
+    the history is over its trigger; the next request, carrying Codex's compaction item, is handled as any
+    other."""
+    p, history, version = compacted_session(upstream, tmp_path)
+    with p:
+        previous = sent(upstream)
+        raw = client(p).responses.with_raw_response.create(**sdk_args(lite([*history, TRIGGER], model=MODEL_32K,
+                                                                           stream=True)))
+        events = list(raw.parse())
+        up = sent(upstream)
+        assert up["input"][-1] == TRIGGER  # last, as the API requires: no status bar after it
+        assert up["input"][:-1] == previous["input"][:-1]  # the previous turn's bytes, its status aside
+        assert raw.headers["x-ctxproxy-compaction"] == version and "x-ctxproxy-compacted" not in raw.headers
+        assert raw.headers["x-ctxproxy-compress"].startswith("skipped: the client compacts")
+        assert "x-ctxproxy-status-bar" not in raw.headers
+        compaction = events[-1].response.output[0].model_dump(exclude_none=True)
+        assert compaction["type"] == "compaction"
+
+        go_on = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go on."}]}
+        r = post(p, lite([TASK, compaction, go_on], model=MODEL_32K))
+        assert r.status_code == 200, r.text
+        assert "x-ctxproxy-compaction" not in r.headers  # the proxy's record is of the history before
+        up = sent(upstream)
+        assert up["input"][:5] == [{**ADDITIONAL, "tools": [FUNCTIONS, MCP, read_tool()]}, BASE, TASK, compaction,
+                                   go_on]
+        assert "<agent_status>" in up["input"][-1]["content"][0]["text"]

@@ -7,8 +7,8 @@ their `*_output` items (tool results). An `additional_tools` item (Codex's
 Responses Lite) reads as a system item with no text: part of the pinned head,
 holding the request's tools where there are no top-level ones
 (proxy/wire/responses/tools.py). Everything else (`reasoning` with its
-encrypted content, `compaction`, `item_reference`, shell, MCP, images, types
-not invented yet) reads as role `other` with no text: never
+encrypted content, `compaction`, `compaction_trigger`, `item_reference`, shell,
+MCP, images, types not invented yet) reads as role `other` with no text: never
 rewritten, never moved, emitted as the very object the client sent.
 `instructions` is never touched.
 """
@@ -33,6 +33,7 @@ _MESSAGE_ROLES: dict[Any, Role] = {"system": "system", "developer": "system", "u
 _CALLS = {"function_call": "arguments", "custom_tool_call": "input"}  # call type -> its arguments field
 _OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+COMPACTION_TRIGGER = "compaction_trigger"  # Codex's own compaction: the provider compacts; it must be the last item
 
 
 def _kind(item: Item) -> str | None:
@@ -95,6 +96,11 @@ class Responses(OpenAIBody):
 
     def history_elsewhere(self, body: Body) -> bool:
         return bool(body.get("previous_response_id") or body.get("conversation"))
+
+    def client_compacts(self, body: Body) -> bool:
+        items = body.get("input")
+        return isinstance(items, list) and bool(items) and isinstance(items[-1], dict) \
+            and items[-1].get("type") == COMPACTION_TRIGGER
 
     def session_hint(self, body: Body) -> str | None:
         """Codex sends its conversation id as prompt_cache_key; a `conversation` names one too."""
