@@ -80,6 +80,7 @@ class Conversation:
     usage_hidden: bool = False  # the proxy asked the stream for usage the client did not ask for
     facts: MessageFacts = field(init=False, repr=False)
     _style: JsonStyle | None = field(default=None, init=False, repr=False)
+    _tools: tuple[list[Any] | None] | None = field(default=None, init=False, repr=False)  # (tools,) once read
 
     def __post_init__(self) -> None:
         self.facts = MessageFacts(self.client_messages, self._model)
@@ -93,11 +94,16 @@ class Conversation:
 
     @property
     def tools(self) -> list[Any] | None:
-        return self.wire.tools(self.body)
+        """The request's tools, read once until the tools or the items are set (where the tools may be one
+        of the items - Responses' additional_tools - finding them is a walk over the items)."""
+        if self._tools is None:
+            self._tools = (self.wire.tools(self.body),)
+        return self._tools[0]
 
     def set_tools(self, tools: list[Any]) -> None:
         self.wire.set_tools(self.body, tools)
         self.changed = True
+        self._tools = None
 
     @cached_property
     def prefix(self) -> dict[str, Any] | None:
@@ -164,6 +170,7 @@ class Conversation:
     def set_messages(self, messages: list[Item]) -> None:
         self.wire.set_items(self.body, messages)
         self.changed = True
+        self._tools = None
 
     @property
     def style(self) -> JsonStyle:

@@ -35,8 +35,12 @@ prefix cache matches item by item as it matches chat messages:
   - any other type: ``<|{type}|>\\n{JSON with sorted keys}<|end|>\\n``.
 
 A request is refused, as OpenAI refuses it, when ``previous_response_id``
-names no stored response of the same API key, or when a tool output answers
-a ``call_id`` that no function or custom tool call of the conversation has.
+names no stored response of the same API key, when a tool output answers
+a ``call_id`` that no function or custom tool call of the conversation has,
+or when a ``compaction_trigger`` item is not the last input item (the SDK's
+type: "Compacts the current context. Must be the final input item"). A
+request ending in one is answered with one ``compaction`` item and nothing
+else (what Codex's remote compaction v2 requires of the answer).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ except ImportError:
     import _mock_prompt as mp  # type: ignore[no-redef]
 
 OUTPUT_TYPES = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
+COMPACTION_TRIGGER = "compaction_trigger"
 
 
 class RequestError(Exception):
@@ -126,6 +131,7 @@ def render(body: dict[str, Any], history: list[Any] | None = None) -> Prompt:
     """Chunks of `body` after `history` (the previous response's conversation); checks tool outputs."""
     items = list(history or []) + input_items(body.get("input"))
     orphan_outputs(items)
+    trigger_last(input_items(body.get("input")))
     chunks: list[mp.Chunk] = []
     marks: list[int] = []
     instructions = body.get("instructions")
@@ -161,6 +167,19 @@ def orphan_outputs(items: list[Any]) -> None:
             what = "function call" if kind == "function_call_output" else "custom tool call"
             raise RequestError(f"No tool call found for {what} output with call_id {item.get('call_id')}.",
                                param="input")
+
+
+def trigger_last(inp: list[Any]) -> None:
+    """Raise OpenAI's 400 for a compaction_trigger that is not the request's last input item."""
+    for item in inp[:-1]:
+        if isinstance(item, dict) and item.get("type") == COMPACTION_TRIGGER:
+            raise RequestError("The 'compaction_trigger' item must be the final input item.", param="input")
+
+
+def compacts(body: dict[str, Any]) -> bool:
+    """The request ends with a compaction_trigger: the provider answers with a compaction of the context."""
+    inp = input_items(body.get("input"))
+    return bool(inp) and isinstance(inp[-1], dict) and inp[-1].get("type") == COMPACTION_TRIGGER
 
 
 # --------------------------------------------------------------------------- stored responses

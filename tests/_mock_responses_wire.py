@@ -91,7 +91,8 @@ def stream_events(resp: dict[str, Any]) -> list[dict[str, Any]]:
     no usage), then per output item: output_item.added (in progress, empty),
     for a message content_part.added, output_text.delta per word,
     output_text.done and content_part.done, for a function call
-    function_call_arguments.delta per fragment and .done; output_item.done
+    function_call_arguments.delta per fragment and .done, for a compaction
+    one response.compaction.compacting (its ciphertext empty until done); output_item.done
     (the finished item); and last response.completed with the whole response.
     """
     seq = itertools.count()
@@ -120,6 +121,9 @@ def stream_events(resp: dict[str, Any]) -> list[dict[str, Any]]:
             events += [ev("response.function_call_arguments.delta", **where, delta=frag)
                        for frag in ms.split_fragments(item["arguments"]) if frag]
             events.append(ev("response.function_call_arguments.done", **where, arguments=item["arguments"]))
+        elif item["type"] == "compaction":  # its ciphertext comes at the end; the SDK's type requires the field
+            events.append(ev("response.output_item.added", output_index=i, item=dict(item, encrypted_content="")))
+            events.append(ev("response.compaction.compacting", item_id=item["id"], output_index=i))
         else:
             added = {k: v for k, v in item.items() if k != "encrypted_content"}
             events.append(ev("response.output_item.added", output_index=i, item=added))
@@ -145,6 +149,11 @@ def compacted(*, tag: str, created: int, items: list[Any], usage: dict[str, Any]
             "output": users + [{"id": f"cmp_{tag}", "type": "compaction",
                                 "encrypted_content": compaction_ciphertext(tag)}],
             "usage": usage}
+
+
+def compaction_item(tag: str) -> dict[str, Any]:
+    """The one output item of a request ending in a compaction_trigger: the context, compacted and opaque."""
+    return {"id": f"cmp_{tag}", "type": "compaction", "encrypted_content": compaction_ciphertext(tag)}
 
 
 def compaction_ciphertext(tag: str) -> str:

@@ -13,9 +13,10 @@ exact SSE framing of chat and Responses streams. The Responses API is served
 as fully as chat: the same rendering and cache rules item by item
 (tests/_mock_responses_prompt.py), stored responses for previous_response_id
 and GET, its error shapes, the full event sequence of a stream
-(tests/_mock_responses_wire.py), /v1/responses/input_tokens and
-/v1/responses/compact. Anthropic's Messages API too (``POST /v1/messages``
-and ``/v1/messages/count_tokens``): its validation and error envelope, a
+(tests/_mock_responses_wire.py), /v1/responses/input_tokens,
+/v1/responses/compact, and a request ending in Codex's `compaction_trigger`.
+Anthropic's Messages API too (``POST /v1/messages`` and
+``/v1/messages/count_tokens``): its validation and error envelope, a
 block-by-block rendering and Anthropic's own caching rules, written only at
 ``cache_control`` breakpoints and found by a 20-block lookback
 (tests/_mock_messages_prompt.py), and its message object and exact SSE event
@@ -489,10 +490,15 @@ class MockUpstream:
             return bad
         cached = self._cached_tokens(rec, model, body.get("prompt_cache_key"), prompt.chunks,
                                      lambda: prompt.marks)
-        reply = self._next_reply(body)
-        n = self._next_id()
-        output = rw.output_items(f"mock{n}", reply, body)
-        usage = self._responses_usage(rec, prompt, cached, self._completion_tokens(reply))
+        if rp.compacts(body):  # the provider compacts the context: no model turn, no script entry taken
+            n = self._next_id()
+            output = [rw.compaction_item(f"mock{n}")]
+            usage = self._responses_usage(rec, prompt, cached, len(tokens(output[0]["encrypted_content"])))
+        else:
+            reply = self._next_reply(body)
+            n = self._next_id()
+            output = rw.output_items(f"mock{n}", reply, body)
+            usage = self._responses_usage(rec, prompt, cached, self._completion_tokens(reply))
         resp = rw.response_object(id_=f"resp_mock{n}", created=1_700_000_000 + n, body=body,
                                   output=output, usage=usage)
         if body.get("store", True) is not False:

@@ -459,8 +459,9 @@ def test_mid_conversation_system_messages_pass_as_sent(proxy, upstream):
     r = post(proxy, body)
     assert r.status_code == 200, r.text
     got = sent(upstream)["messages"]
-    assert [m["role"] for m in got][:len(messages)] == [m["role"] for m in messages]
+    assert [m["role"] for m in got] == [m["role"] for m in messages]  # nothing after the last (no status bar)
     assert got[3] == messages[3] and got[6] == messages[6]
+    assert r.headers["x-ctxproxy-status-bar"] == "skipped: the request ends with a system message"
     assert post(proxy, body, "/v1/messages/count_tokens").status_code == 200
     first = post(proxy, {**body, "messages": [{"role": "system", "content": "x"}, *messages]})
     assert first.status_code == 400 and "top-level `system`" in first.json()["error"]["message"]

@@ -11,7 +11,14 @@ from __future__ import annotations
 from proxy.accounting.figures import Figures
 from proxy.accounting.prefix_check import PrefixCheck
 from proxy.request import Conversation
-from proxy.rewrite.events import CompactionInEffect, Degraded, HistoryElsewhere, StatusAdded
+from proxy.rewrite.events import (
+    ClientCompacts,
+    CompactionInEffect,
+    Degraded,
+    HistoryElsewhere,
+    StatusAdded,
+    StatusSkipped,
+)
 
 
 def event_fields(conv: Conversation) -> dict[str, object]:
@@ -39,8 +46,12 @@ def event_headers(conv: Conversation, figures: Figures, check: PrefixCheck | Non
             out["x-ctxproxy-degraded"] = e.header
         elif isinstance(e, StatusAdded):
             out["x-ctxproxy-status-bar"] = "1"
+        elif isinstance(e, StatusSkipped):  # why this request has no status bar
+            out["x-ctxproxy-status-bar"] = _header_text(f"skipped: {e.reason}")
         elif isinstance(e, HistoryElsewhere):
             out["x-ctxproxy-compress"] = "unavailable: the provider holds the history (previous_response_id)"
+        elif isinstance(e, ClientCompacts):
+            out["x-ctxproxy-compress"] = "skipped: the client compacts this request itself (compaction_trigger)"
     if check is not None:
         out["x-ctxproxy-cacheable-tokens"] = str(check.cacheable)
         if check.cause:

@@ -59,6 +59,13 @@ class HistoryElsewhere:
 
 
 @dataclass(frozen=True)
+class ClientCompacts:
+    """The request asks the provider to compact the history (Codex's compaction_trigger): the proxy does not."""
+
+    kind: ClassVar[str] = "client-compaction"
+
+
+@dataclass(frozen=True)
 class StatusAdded:
     kind: ClassVar[str] = "status"
 
@@ -82,5 +89,6 @@ class Degraded:
         return self.transform
 
 
-Event = Offloaded | CompactionInEffect | Compacted | HistoryElsewhere | StatusAdded | StatusSkipped | Degraded
+Event = (Offloaded | CompactionInEffect | Compacted | HistoryElsewhere | ClientCompacts | StatusAdded | StatusSkipped
+         | Degraded)
 PLACEHOLDER_EVENTS = (Offloaded, CompactionInEffect, Compacted)  # a placeholder naming a handle is in the request

@@ -107,6 +107,11 @@ class Codec(Protocol):
         """Whether the provider holds the earlier history (the request carries only the new items)."""
         ...
 
+    def client_compacts(self, body: Body) -> bool:
+        """Whether the request asks the provider to compact the history itself (a Responses request ending in
+        a `compaction_trigger` item, which must stay last): the proxy compacts nothing and adds nothing after it."""
+        ...
+
     def session_hint(self, body: Body) -> str | None:
         """A conversation id the client sends in the body (the session when no X-Session-Id is given)."""
         ...

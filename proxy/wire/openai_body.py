@@ -35,6 +35,9 @@ class OpenAIBody:
     def fixed_marks(self, body: Body) -> list[int]:
         return []
 
+    def client_compacts(self, body: Body) -> bool:
+        return False  # only the Responses API has a request that asks the provider to compact
+
     def model(self, body: Body) -> str | None:
         model = body.get("model")
         return model if isinstance(model, str) else None

@@ -10,7 +10,9 @@ provider reject the request.
 
 Each compaction is recorded and replayed verbatim (proxy/rewrite/compress/record.py), so
 the rewritten prefix is byte-identical between compactions; each one breaks
-the provider's cache once, so they are rare and large (trigger → target).
+the provider's cache once, so they are rare and large (trigger → target). A
+request in which the client has the provider compact its history (Codex's
+`compaction_trigger`) gets the recorded one replayed, never a new one.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from proxy.rewrite.compress.summarizer import (
 )
 from proxy.rewrite.context_read.tool import read_tool_name
 from proxy.rewrite.context_read.transform import has_placeholders, tools_as_sent
-from proxy.rewrite.events import Compacted, CompactionInEffect, HistoryElsewhere
+from proxy.rewrite.events import ClientCompacts, Compacted, CompactionInEffect, HistoryElsewhere
 from proxy.rewrite.marks import PLACEHOLDER_MARK, SUMMARY_OPEN
 from proxy.rewrite.preview import read_call
 from proxy.rewrite.settings import CompressSettings, Peers
@@ -118,6 +120,11 @@ class Compress:
         if conv.wire.history_elsewhere(conv.body):  # only the new items are here: nothing to compact
             conv.events.append(HistoryElsewhere())
             return conv
+        # The client compacts its own history with this request (Codex's compaction_trigger): what is
+        # recorded is replayed (the same prefix, the same bytes), but nothing new is compacted or precomputed.
+        own = conv.wire.client_compacts(conv.body)
+        if own:
+            conv.events.append(ClientCompacts())
         raw = conv.messages
         digests, counts = conv.digests(raw), conv.counts(raw)
         fixed = conv.fixed_tokens() + conv.wire.output_reserve(conv.body)
@@ -125,12 +132,14 @@ class Compress:
         if sum(counts) + fixed <= s.trigger * ctx.window:
             # A session's history only grows, and a compaction needs it over the trigger: a request
             # under it has no record to replay, so the store is not even asked.
-            await self.precomputer.maybe_start(conv, ctx, log, View(raw, counts, 0, 0, 0), fixed)
+            if not own:
+                await self.precomputer.maybe_start(conv, ctx, log, View(raw, counts, 0, 0, 0), fixed)
             return conv
         view = await self._replayed(conv, log, raw, digests, counts)
-        if sum(view.counts) + fixed > s.trigger * ctx.window:
+        over = sum(view.counts) + fixed > s.trigger * ctx.window
+        if over and not own:
             view = await self._compact_locked(conv, ctx, log, raw, digests, counts, view, fixed)
-        else:
+        elif not own:
             await self.precomputer.maybe_start(conv, ctx, log, view, fixed)
         if view.kept:
             conv.set_messages(repair_pairing(conv.wire, view.messages))

@@ -3,7 +3,9 @@
 Added after the client's tools on every request that carries tools (so the
 tool list never changes within a session), and also on a request without
 tools once the proxy has put a placeholder with a handle into it - otherwise
-the placeholder would name a tool the model does not have. Calls to it are
+the placeholder would name a tool the model does not have. The tools are where
+the request's codec says they are (a Responses Lite request's are in an
+`additional_tools` input item: the read tool joins them there). Calls to it are
 answered by the proxy in hidden rounds (proxy/rewrite/context_read/loop.py),
 which this transform's response-side hook starts.
 """

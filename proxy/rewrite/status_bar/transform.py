@@ -7,6 +7,10 @@ original place with exactly its original bytes (recorded in the store), so the
 prefix the provider cached stays identical. `apply`, after compression, appends
 the new status, with context use as it will reach the provider.
 
+No status goes after an item the API wants last (Codex's `compaction_trigger`:
+that request is the provider compacting the history, not a turn), nor after the
+assistant's own words (a prefill).
+
 Modes: `append` keeps each status in the history (~100 tokens a turn, which
 compression later folds in; the model sees how its state evolved);
 `replace` sends only the latest (nothing accumulates; the cache still hits up
@@ -131,9 +135,17 @@ class StatusBar:
         traj, n, prev = anchor.trajectory, anchor.at, anchor.prev
         if conv.messages and is_status(conv.wire, conv.messages[-1]):
             return conv  # the status recorded for exactly this history (a retry): already in place
+        if conv.wire.client_compacts(conv.body):
+            # Codex's compaction_trigger must stay the last item; a status before it would only be summarized away
+            conv.events.append(StatusSkipped("the client compacts its history with this request"))
+            return conv
         if conv.messages and conv.wire.role(conv.messages[-1]) == "assistant":
             # the client prefills the answer: a status after it would end the turn it asked the model to continue
             conv.events.append(StatusSkipped("the request ends with the assistant's own words"))
+            return conv
+        if conv.messages and conv.wire.family == "anthropic" and conv.wire.role(conv.messages[-1]) == "system":
+            # a mid-conversation system message ends the request: the API takes it last or before the answer
+            conv.events.append(StatusSkipped("the request ends with a system message"))
             return conv
         status_key, clock_key = _keys(ctx)
         now = time.time()

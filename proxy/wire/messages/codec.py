@@ -179,10 +179,13 @@ class Messages(OpenAIBody):
         return {"system": body["system"]} if body.get("system") is not None else {}
 
     def summary_fields(self, body: Body) -> dict[str, Any]:
-        """The system prompt, and the thinking settings: changing them would invalidate the cached messages."""
+        """The system prompt, the thinking settings and the context edits (Claude Code's `clear_thinking`, which
+        keeps every earlier thinking block): without them the cached messages would be invalidated or rendered
+        otherwise (earlier thinking cleared)."""
         out = self.prefix_fields(body)
-        if isinstance(body.get("thinking"), dict):
-            out["thinking"] = body["thinking"]
+        for key in ("thinking", "context_management"):
+            if isinstance(body.get(key), dict):
+                out[key] = body[key]
         return out
 
     def reply_text(self, data: Any) -> str | None:

@@ -1,12 +1,16 @@
-"""The Responses API codec: `input` items, flat function tools, usage as input/output tokens.
+"""The Responses API codec: `input` items, tools top-level or in an `additional_tools` item, input/output usage.
 
 Items the transforms may look into: messages (roles system, developer, user,
 assistant; text in `input_text` / `output_text` parts or a string),
 `function_call` / `custom_tool_call` (an assistant's call, one per item), and
-their `*_output` items (tool results). Everything else (`reasoning` with its
-encrypted content, `compaction`, `item_reference`, shell, MCP, images, types not
-invented yet) reads as role `other` with no text: never rewritten, never moved,
-emitted as the very object the client sent. `instructions` is never touched.
+their `*_output` items (tool results). An `additional_tools` item (Codex's
+Responses Lite) reads as a system item with no text: part of the pinned head,
+holding the request's tools where there are no top-level ones
+(proxy/wire/responses/tools.py). Everything else (`reasoning` with its
+encrypted content, `compaction`, `compaction_trigger`, `item_reference`, shell,
+MCP, images, types not invented yet) reads as role `other` with no text: never
+rewritten, never moved, emitted as the very object the client sent.
+`instructions` is never touched.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.parts import first, joined, texts, with_text_at
 from proxy.wire.responses.read_shape import ResponsesReadShape
 from proxy.wire.responses.stream import stream_error, watch
+from proxy.wire.responses.tools import ADDITIONAL_TOOLS, names, place, tools_of
 from proxy.wire.responses.validate import check_items, parse_body
 from proxy.wire.usage import Usage
 
@@ -28,6 +33,7 @@ _MESSAGE_ROLES: dict[Any, Role] = {"system": "system", "developer": "system", "u
 _CALLS = {"function_call": "arguments", "custom_tool_call": "input"}  # call type -> its arguments field
 _OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+COMPACTION_TRIGGER = "compaction_trigger"  # Codex's own compaction: the provider compacts; it must be the last item
 
 
 def _kind(item: Item) -> str | None:
@@ -75,12 +81,14 @@ class Responses(OpenAIBody):
     def set_items(self, body: Body, items: list[Item]) -> None:
         body["input"] = items
 
+    def tools(self, body: Body) -> list[Any] | None:
+        return tools_of(body)
 
-
-
+    def set_tools(self, body: Body, tools: list[Any]) -> None:
+        place(body, tools)
 
     def tool_names(self, tools: list[Any]) -> list[str]:
-        return [str(t.get("name") or t.get("type")) for t in tools if isinstance(t, dict)]
+        return names(tools)
 
     def tool_definition(self, spec: ToolSpec) -> Any:
         return {"type": "function", "name": spec.name, "description": spec.description,
@@ -88,6 +96,11 @@ class Responses(OpenAIBody):
 
     def history_elsewhere(self, body: Body) -> bool:
         return bool(body.get("previous_response_id") or body.get("conversation"))
+
+    def client_compacts(self, body: Body) -> bool:
+        items = body.get("input")
+        return isinstance(items, list) and bool(items) and isinstance(items[-1], dict) \
+            and items[-1].get("type") == COMPACTION_TRIGGER
 
     def session_hint(self, body: Body) -> str | None:
         """Codex sends its conversation id as prompt_cache_key; a `conversation` names one too."""
@@ -116,6 +129,8 @@ class Responses(OpenAIBody):
                 return _MESSAGE_ROLES.get(item.get("role"), "other")
             except TypeError:
                 return "other"
+        if kind == ADDITIONAL_TOOLS:
+            return "system"
         if kind in _CALLS:
             return "assistant"
         if kind in _OUTPUTS:
@@ -169,13 +184,22 @@ class Responses(OpenAIBody):
                 max_output: int) -> Body:
         body: Body = {"model": model, "input": items, **extra}
         if tools:
-            body["tools"] = tools
+            place(body, tools)  # where the agent's request has them: an additional_tools item, or top-level
         # No temperature: the reasoning models this API serves reject it; the output budget and nothing stored.
         body.update(max_output_tokens=max_output, store=False)
         return body
 
     def prefix_fields(self, body: Body) -> dict[str, Any]:
         return {k: body[k] for k in ("instructions",) if body.get(k) is not None}
+
+    def summary_fields(self, body: Body) -> dict[str, Any]:
+        """`instructions`, and the client's top-level tools if it has any: with them there, `request` puts the
+        tools top-level as the agent's request has them, else in its additional_tools item (tools.py)."""
+        out = self.prefix_fields(body)
+        top = body.get("tools")
+        if isinstance(top, list) and top:
+            out["tools"] = top
+        return out
 
     def reply_text(self, data: Any) -> str | None:
         output = data.get("output") if isinstance(data, dict) else None

@@ -41,8 +41,10 @@ class ResponsesReadShape:
         self.tool = tool
 
     def is_ours(self, item: Any) -> bool:
-        """A call of the read tool the proxy can answer (one without a string call_id could not be)."""
-        return _type(item) == "function_call" and item.get("name") == self.tool and isinstance(item.get("call_id"), str)
+        """A call of the read tool the proxy can answer (one without a string call_id could not be); a call in a
+        `namespace` is of a client's tool of that namespace, whatever its name."""
+        return _type(item) == "function_call" and item.get("name") == self.tool \
+            and isinstance(item.get("call_id"), str) and not item.get("namespace")
 
     def calls(self, output: list[Any]) -> int:
         return sum(1 for it in output if _type(it) in _CALL_TYPES)

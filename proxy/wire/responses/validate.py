@@ -4,7 +4,10 @@ Strict only where the proxy reads: the items a transform may look into (messages
 function and custom tool calls and their outputs) must have the fields it reads,
 of the right types. Every other item type, known or from the future, is opaque and
 passes as it came; an item must only be an object with a string `type` (or a
-`role`: a message may omit its type). A `function_call_output` must answer a call
+`role`: a message may omit its type). An `additional_tools` item's `tools` is
+checked as the top-level `tools` is (the proxy may add its read tool there);
+`compaction_trigger`, `client_metadata`, `reasoning` and every other field pass
+as sent. A `function_call_output` must answer a call
 of the same input, unless the provider holds the earlier history
 (`previous_response_id`, `conversation`) or the input references earlier items.
 """
@@ -15,6 +18,7 @@ from typing import Any
 
 from proxy.errors import BadRequest
 from proxy.wire.body import check_writable, load_object
+from proxy.wire.responses.tools import ADDITIONAL_TOOLS
 
 _MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant"})
 _CALLS = frozenset({"function_call", "custom_tool_call"})
@@ -32,16 +36,20 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise BadRequest("'stream' must be a boolean", param="stream")
     if "input" in body and not isinstance(body["input"], (str, list)):
         raise BadRequest("'input' must be a string or an array of items", param="input")
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise BadRequest("'tools' must be an array", param="tools")
-    for i, tool in enumerate(tools or ()):
-        if not isinstance(tool, dict) or not isinstance(tool.get("type", ""), str):
-            raise BadRequest(f"tools[{i}] must be an object with a string type", param=f"tools[{i}]")
-        if not isinstance(tool.get("name", ""), str):
-            raise BadRequest(f"tools[{i}].name must be a string", param=f"tools[{i}].name")
+    if body.get("tools") is not None:
+        _check_tools(body["tools"], "tools")
     check_writable(body)
     return body
+
+
+def _check_tools(tools: Any, where: str) -> None:
+    if not isinstance(tools, list):
+        raise BadRequest(f"'{where}' must be an array", param=where)
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("type", ""), str):
+            raise BadRequest(f"{where}[{i}] must be an object with a string type", param=f"{where}[{i}]")
+        if not isinstance(tool.get("name", ""), str):
+            raise BadRequest(f"{where}[{i}].name must be a string", param=f"{where}[{i}].name")
 
 
 def check_items(body: dict[str, Any], items: list[Any], start: int) -> None:
@@ -60,6 +68,8 @@ def check_items(body: dict[str, Any], items: list[Any], start: int) -> None:
             raise BadRequest(f"{where}.type must be a string", param=f"{where}.type")
         if kind == "message":
             _check_message(item, where)
+        elif kind == ADDITIONAL_TOOLS:
+            _check_tools(item.get("tools"), f"{where}.tools")
         elif kind in _CALLS:
             for key in _CALL_FIELDS[kind]:
                 if not isinstance(item.get(key), str):
