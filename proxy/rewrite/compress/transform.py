@@ -48,7 +48,8 @@ from proxy.rewrite.events import Compacted, CompactionInEffect, HistoryElsewhere
 from proxy.rewrite.marks import PLACEHOLDER_MARK, SUMMARY_OPEN
 from proxy.rewrite.preview import read_call
 from proxy.rewrite.settings import CompressSettings, Peers
-from proxy.store.archive import SECONDS_PER_DAY, Archive, content_handle
+from proxy.store.archive import Archive, content_handle
+from proxy.store.decisions import SECONDS_PER_DAY, Decisions, adopt_any
 from proxy.store.lease import renewed
 from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
 from proxy.wire.codec import Codec, call_names
@@ -121,7 +122,7 @@ class Compress:
         raw = conv.messages
         digests, counts = conv.digests(raw), conv.counts(raw)
         fixed = conv.fixed_tokens() + conv.wire.output_reserve(conv.body)
-        log = CompactionLog(ctx.store, ctx.tenant, ctx.session, s.retention_days * SECONDS_PER_DAY)
+        log = CompactionLog(ctx.store, ctx.tenant, ctx.session, ctx.route.name, s.retention_days * SECONDS_PER_DAY)
         if sum(counts) + fixed <= s.trigger * ctx.window:
             # A session's history only grows, and a compaction needs it over the trigger: a request
             # under it has no record to replay, so the store is not even asked.
@@ -316,13 +317,15 @@ class Compress:
                           view: View, tool: str) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
         """The summary message for view.messages[h:t], the usage of its calls and its handle.
 
-        Reused verbatim if this span was summarized before (by a precompute too).
+        Reused verbatim if this span was summarized before on this route (by a precompute too): a summary
+        is written by the route's summarizer settings, so another route's is not this route's decision.
         """
         s, model, wire = self.settings, conv.model, conv.wire
         span = view.messages[h:t]
         full = await offloop.run_unless_light(span, render, wire, span)
         handle = await offloop.run_if(len(full), content_handle, "span", full)
-        (known,) = await archive.decisions("summary", [handle])
+        records = Decisions(ctx.store, ctx.tenant, ctx.route.name, s.retention_days)
+        (known,) = await records.get("summary", [handle], adopt_any)  # this route chose to summarize the span
         if known is not None:
             return known, [], handle
         budget, answer_tokens = s.summary_input_tokens, summary_tokens(s, ctx.window)
@@ -350,4 +353,4 @@ class Compress:
             f"{SUMMARY_OPEN}\n{PLACEHOLDER_MARK} {len(span)} earlier messages ({tokens:,} tokens) were compacted "
             f"into this summary; the full transcript: {read_call(tool, handle)}]\n\n{text}\n{listing}\n"
             f"</context_summary>"))
-        return await archive.record("summary", handle, message), usage, handle
+        return await records.record("summary", handle, message), usage, handle
