@@ -12,10 +12,23 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.rewrite.preview import error_matcher
 from proxy.rewrite.status_bar.shapes import DEFAULT_ERROR_PATTERN, TodoShape
+
+
+class Impossible(ValueError):
+    """Settings of one section that cannot work together (or cannot work at all): refused at start.
+
+    `keys` names them, dotted within the section, so the configuration error can
+    say where they were set (a route's own section, or the defaults it inherits).
+    """
+
+    def __init__(self, keys: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.keys = keys
+
 
 MIN_THRESHOLD_TOKENS = 256  # the smallest offload threshold allowed (texts under it are never looked up)
 DEFAULT_FACTS = ("What is the task, with its constraints?", "Which files were read, created or changed, and how?",
@@ -79,6 +92,21 @@ class CompressSettings(BaseModel):
     precompute: float | None = Field(default=0.78, gt=0, lt=1)
     retention_days: float = Field(default=7, gt=0)  # how long archived history stays readable
 
+    @model_validator(mode="after")
+    def _coherent(self) -> CompressSettings:
+        if self.trigger <= self.target:
+            raise Impossible(("trigger", "target"), f"trigger ({self.trigger:g}) must be above target "
+                             f"({self.target:g}): a compaction brings the prompt from trigger down to target")
+        # Left at its default under a lowered trigger it only never fires (a warning, proxy/cli_check.py);
+        # set explicitly it is a mistake.
+        if self.precompute is not None and self.precompute >= self.trigger and "precompute" in self.model_fields_set:
+            raise Impossible(("precompute", "trigger"), f"precompute ({self.precompute:g}) must be below trigger "
+                             f"({self.trigger:g}): the summary is written before the prompt crosses trigger "
+                             f"(null turns it off)")
+        if self.strategy == "facts" and not self.facts:
+            raise Impossible(("strategy", "facts"), "strategy facts needs at least one question in facts")
+        return self
+
 
 class ContextReadSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -116,6 +144,15 @@ class StatusBarSettings(BaseModel):
         re.compile(v)
         return v
 
+    @model_validator(mode="after")
+    def _shares(self) -> StatusBarSettings:
+        for name in ("context", "context_compressed"):
+            at = getattr(self, name).at
+            if at > 1:
+                raise Impossible((f"{name}.at",), f"{name}.at ({at:g}) is a share of the window: at most 1, "
+                                 f"or the advice never shows")
+        return self
+
 
 class CacheHintsSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -132,6 +169,16 @@ class CacheHintsSettings(BaseModel):
     openai_breakpoint_models: tuple[str, ...] = ("gpt-5.6*",)  # models that cache only at markers
     anthropic_models: tuple[str, ...] = ("claude*", "*/claude*", "anthropic/*")
 
+    @model_validator(mode="after")
+    def _anthropic_limit(self) -> CacheHintsSettings:
+        if self.breakpoints == "anthropic" and self.max_breakpoints > ANTHROPIC_MAX_BREAKPOINTS:
+            raise Impossible(("breakpoints", "max_breakpoints"), f"max_breakpoints ({self.max_breakpoints}) "
+                             f"must be at most {ANTHROPIC_MAX_BREAKPOINTS} with breakpoints anthropic: the API "
+                             f"refuses a request with more")
+        return self
+
+
+ANTHROPIC_MAX_BREAKPOINTS = 4  # cache_control blocks per request the Messages API accepts
 
 SECTION_MODELS: dict[str, type[BaseModel]] = {
     "offload": OffloadSettings,
