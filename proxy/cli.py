@@ -20,6 +20,8 @@ def _parser() -> argparse.ArgumentParser:
     check_p = sub.add_parser("check", help="validate the configuration and print the routes")
     for sp in (serve, check_p):
         sp.add_argument("--config", help="path to config.yaml (default: $CTXPROXY_CONFIG, else built-in defaults)")
+    check_p.add_argument("--offline", action="store_true",
+                         help="only validate and print: do not ask the store and the upstreams")
     serve.add_argument("--host", help="listen address (default 127.0.0.1, or $CTXPROXY_HOST)")
     serve.add_argument("--port", type=int, help="listen port (default 8080, or $CTXPROXY_PORT)")
     st = sub.add_parser("stats", help="print a running proxy's cache and token figures",
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"ctxproxy: warning: {w}", file=sys.stderr, flush=True)
         _serve(settings)
     else:
-        check(settings)
+        raise SystemExit(check(settings, offline=args.offline))
 
 
 if __name__ == "__main__":

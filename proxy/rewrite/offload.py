@@ -40,7 +40,6 @@ from proxy.wire.codec import Codec, Item, add_call_names, call_names
 
 # Texts under MIN_THRESHOLD_TOKENS UTF-8 bytes (so tokens) can never have been offloaded: not even looked up.
 DECISION_KIND = "offload"
-_USER_SHARE_FACTOR = 2  # a user message may take twice the window share a tool result may
 _DECISION_CACHE = 20_000  # (tenant, handle) decisions remembered in process (one Offload per route)
 
 
@@ -209,15 +208,6 @@ class Offload:
             self._handles.put(digest, known)
         return known
 
-    def limit(self, role: str | None, window: int) -> int:
-        """This route's threshold for a message of `role`, in tokens, for a model of `window` tokens."""
-        s = self.settings
-        if role == "user":  # the task itself: offloaded only when truly huge for the window
-            limit = min(s.user_message_tokens, int(window * s.max_window_share * _USER_SHARE_FACTOR))
-        else:
-            limit = min(s.tool_result_tokens, int(window * s.max_window_share))
-        return max(MIN_THRESHOLD_TOKENS, limit)
-
     async def _decisions(self, records: Decisions, tenant: str, found: list[tuple[int, str, str, str]],
                          window: int) -> list[Any]:
         handles = list(map(operator.itemgetter(1), found))
@@ -227,7 +217,7 @@ class Offload:
             roles = {h: "user" if what == "user message" else "tool" for _, h, _, what in found}
 
             def adopt(handle: str, old: Any) -> bool:  # a record of before routes: only if this route offloads it
-                return isinstance(old, dict) and old.get("tokens", 0) > self.limit(roles[handle], window)
+                return isinstance(old, dict) and old.get("tokens", 0) > self.settings.threshold(roles[handle], window)
 
             fetched = dict(zip(missing, await records.get(DECISION_KIND, missing, adopt)))
             for j in list(compress(count(), map(operator.is_, known, repeat(None)))):
@@ -243,7 +233,7 @@ class Offload:
         """The decision that stands for this content on this route, and whether this call recorded it (False
         when another request or replica recorded one first)."""
         s = self.settings
-        limit = self.limit(conv.wire.role(message), window)
+        limit = s.threshold(conv.wire.role(message), window)
         model = conv.model
         tokens = await conv.count_prepared(message)
         if tokens <= limit:

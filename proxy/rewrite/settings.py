@@ -31,6 +31,8 @@ class Impossible(ValueError):
 
 
 MIN_THRESHOLD_TOKENS = 256  # the smallest offload threshold allowed (texts under it are never looked up)
+USER_SHARE_FACTOR = 2  # a user message may take twice the window share a tool result may
+TAIL_SHARE_OF_TARGET = 0.5  # compression's verbatim tail takes at most half of the target
 DEFAULT_FACTS = ("What is the task, with its constraints?", "Which files were read, created or changed, and how?",
                  "What has been verified to work, and what failed?", "What remains to be done, and what is next?")
 
@@ -60,6 +62,15 @@ class OffloadSettings(BaseModel):
         if error_matcher(v) is None:
             raise ValueError("must be a regular expression in RE2 syntax (no backreferences or lookaround)")
         return v
+
+    def threshold(self, role: str | None, window: int) -> int:
+        """Tokens over which a message of `role` is offloaded, for a model of `window` tokens (the one definition,
+        used by the transform and printed by `ctxproxy check`)."""
+        if role == "user":  # the task itself: offloaded only when truly huge for the window
+            limit = min(self.user_message_tokens, int(window * self.max_window_share * USER_SHARE_FACTOR))
+        else:
+            limit = min(self.tool_result_tokens, int(window * self.max_window_share))
+        return max(MIN_THRESHOLD_TOKENS, limit)
 
 
 class CompressSettings(BaseModel):
@@ -91,6 +102,10 @@ class CompressSettings(BaseModel):
     # request crossing `trigger` does not wait for it; null: never
     precompute: float | None = Field(default=0.78, gt=0, lt=1)
     retention_days: float = Field(default=7, gt=0)  # how long archived history stays readable
+
+    def recent_tokens(self, window: int) -> int:
+        """Tokens of newest messages kept verbatim: room must stay under the target, or it can't be reached."""
+        return min(self.keep_recent_tokens, int(window * self.target * TAIL_SHARE_OF_TARGET))
 
     @model_validator(mode="after")
     def _coherent(self) -> CompressSettings:

@@ -64,7 +64,6 @@ _SUMMARY_CALLS_WAITED = 2
 _WAIT_SLACK_S = 10
 _SUMMARIZER_WINDOW_SHARE = 0.85  # of the window, for transcript + answer (the rest: prompt, framing, slack)
 _MIN_TRANSCRIPT_TOKENS = 500
-_MAX_TAIL_SHARE_OF_TARGET = 0.5  # the verbatim tail takes at most half of the target
 _MIN_SUMMARY_TOKENS, _MAX_SUMMARY_TOKENS = 256, 2000  # the scaled summary length limit's bounds
 
 
@@ -110,9 +109,8 @@ class Compress:
         self.precomputer = Precomputer(self)
 
     def tail_budget(self, window: int) -> int:
-        """Tokens of newest messages kept verbatim: room must stay under the target, or it can't be reached."""
-        s = self.settings
-        return min(s.keep_recent_tokens, int(window * s.target * _MAX_TAIL_SHARE_OF_TARGET))
+        """Tokens of newest messages kept verbatim (CompressSettings.recent_tokens)."""
+        return self.settings.recent_tokens(window)
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         s = self.settings
