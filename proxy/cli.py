@@ -111,7 +111,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"ctxproxy: warning: {w}", file=sys.stderr, flush=True)
         _serve(settings)
     else:
-        raise SystemExit(check(settings, offline=args.offline))
+        try:
+            code = check(settings, offline=args.offline)
+        except KeyboardInterrupt:
+            raise SystemExit(130) from None
+        except BrokenPipeError:  # `ctxproxy check | head`: the reader left, nothing to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(1) from None
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -90,7 +90,8 @@ def check(settings: Settings, offline: bool = False) -> int:
     for w in warnings:
         print(redact(f"warning: {w}"), file=sys.stderr)
     if store_problem is not None:
-        print(redact(f"ctxproxy: store {settings.store} is unreachable: {store_problem}; requests would be forwarded "
+        why = store_problem.rstrip(".")
+        print(redact(f"ctxproxy: store {settings.store} is unreachable: {why}; requests would be forwarded "
                      f"unmodified (no offload, compression or status bar)"), file=sys.stderr)
         return 1
     return 0

@@ -10,12 +10,13 @@ whose status, whatever it is, proves it reachable.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 from pathlib import Path
 
-from proxy.store import SQLITE_URL_HEAD, open_store
-from proxy.store.guarded import GuardedStore
+from proxy.store import SQLITE_URL_HEAD, StoreError, open_store
+from proxy.store.guarded import ask_backend
 
 PROBE_TIMEOUT_S = 3.0  # seconds for the store, and for each upstream, to answer `check`
 
@@ -50,11 +51,13 @@ def store_problem(url: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
         return sqlite_problem(url, timeout)
 
     async def ask() -> str | None:
-        store = GuardedStore(open_store(url, timeout), timeout=timeout, name=url)
+        store = open_store(url, timeout)
         try:
-            return await store.problem()
+            return await ask_backend(store, timeout)
         finally:
-            await store.close()
+            with contextlib.suppress(StoreError, TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await store.close()
     return asyncio.run(ask())
 
 

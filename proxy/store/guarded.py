@@ -101,6 +101,18 @@ async def store_deadline(lag: LoopLag, seconds: float) -> AsyncIterator[None]:
             handles[-1].cancel()
 
 
+async def ask_backend(store: Store, timeout: float) -> str | None:
+    """One read of a key nobody writes, within `timeout`: why it failed in one line, or None. Logs nothing."""
+    try:
+        async with asyncio.timeout(timeout):
+            await store.get(PROBE_KEY)
+    except TimeoutError:
+        return f"no answer within {timeout:g}s"
+    except StoreError as e:
+        return str(e)
+    return None
+
+
 def backing_off(store: Store) -> bool:
     """True if `store` is a guarded store whose breaker is open right now (calls would fail fast)."""
     return isinstance(store, GuardedStore) and store.degraded
@@ -204,17 +216,11 @@ class GuardedStore:
         said in the first lines of the log rather than discovered from degraded
         requests; the answer counts as a transition like any other call's.
         """
-        try:
-            async with self._deadline(self.timeout):
-                await self.inner.get(PROBE_KEY)
-        except TimeoutError:
-            reason = f"no answer within {self.timeout:g}s"
-        except StoreError as e:
-            reason = str(e)
-        else:
+        reason = await ask_backend(self.inner, self.timeout)
+        if reason is None:
             self._recovered()
-            return None
-        self._said_down(reason, "start")
+        else:
+            self._said_down(reason, "start")
         return reason
 
     async def ping(self) -> bool:
