@@ -98,7 +98,8 @@ def test_serve_warns_at_start_and_still_serves_unmodified_saying_it_once(tmp_pat
     start = next(i for i, x in enumerate(lines) if x["msg"] == "ctxproxy starting")
     first_request = next(i for i, x in enumerate(lines) if x["msg"] == "request")
     assert start < lines.index(said[0]) < first_request  # said at start, before any request
-    assert not [x for x in lines if "backing off" in x["msg"] and x["level"] != "debug"]
+    assert not [x for x in lines if "backing off" in x["msg"] or "forwarding unmodified" in x["msg"]]  # debug only
+    assert all("degraded" in x["events"] for x in lines if x["msg"] == "request")  # each request says it
 
 
 class _Switch:
