@@ -139,7 +139,7 @@ class Offload:
         events = []
         for j in compress(count(), map(operator.is_not, decisions, repeat(False))):  # not those known to stay
             (i, handle, text, what), decision = found[j], decisions[j]
-            new = False  # whether this request stored the content (offloads are counted once, by that request)
+            new = False  # whether this request decided it on this route (counted once per route, by that request)
             if decision is None:
                 decision, new = await self._decide(archive, records, conv, messages[i], handle, text, what,
                                                    read_name, ctx.window)

@@ -51,7 +51,7 @@ LAG_TICK_S = 0.02  # the lag monitor's beat: a beat late by more than this was a
 
 
 LOOP_LAG_TASK = "ctxproxy-loop-lag"  # the monitor's task: it runs as long as the store does
-PROBE_KEY = tenant_key("ctxproxy", "probe")  # read by `problem()`; no tenant is named so, nothing is stored there
+PROBE_KEY = tenant_key("ctxproxy", "probe")  # read by `ask_backend`; no tenant is named so, nothing is stored there
 
 
 class LoopLag:
@@ -212,9 +212,10 @@ class GuardedStore:
     async def problem(self) -> str | None:
         """Why the store does not answer right now, in one line; None when it does.
 
-        Asked at start (the app's lifespan) and by `ctxproxy check`, so a dead store is
-        said in the first lines of the log rather than discovered from degraded
-        requests; the answer counts as a transition like any other call's.
+        Asked at start (the app's lifespan), so a dead store is said in the first
+        lines of the log rather than discovered from degraded requests; the answer
+        counts as a transition like any other call's. It opens no breaker: the first
+        request finds out for itself, without a second warning.
         """
         reason = await ask_backend(self.inner, self.timeout)
         if reason is None:
