@@ -39,7 +39,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ensure_encodings()
         for name in SHIPPED_ENCODINGS:
             get_encoding(name)  # load now, not in the first request (~200 ms)
-        store = GuardedStore(open_store(settings.store, settings.store_timeout), timeout=settings.store_timeout)
+        store = GuardedStore(open_store(settings.store, settings.store_timeout), timeout=settings.store_timeout,
+                             name=settings.store)
+        await store.problem()  # a store down at start is a warning in the first lines of the log (it still serves)
         upstream = Upstream()
         app.state.proxy = ProxyState.create(settings, upstream, store)
         # Start-up objects (tokenizers, modules) never die: keep them out of the

@@ -6,7 +6,10 @@ deep merge of `defaults.<section>` and `routes[i].<section>`; each pipeline
 transform declares the pydantic model of its own section (see
 `proxy.rewrite.SECTION_MODELS`), so adding a transform never touches this file.
 
-Invalid configuration fails at start with one line naming the key and the fault.
+Invalid configuration fails at start with one line naming the key and the fault:
+an unknown key with the nearest valid one (proxy/config_keys.py), settings that
+cannot work together with both keys, at the place they were set (a route's own
+section or the `defaults` it inherits).
 Precedence, highest first: CLI flag, environment (`CTXPROXY_*`), file, built-in.
 """
 
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
@@ -22,8 +25,9 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from proxy.config_keys import keys_at, unknown
 from proxy.errors import ConfigError
-from proxy.rewrite.settings import SECTION_MODELS
+from proxy.rewrite.settings import SECTION_MODELS, Impossible
 
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
@@ -240,15 +244,28 @@ def _where(prefix: str, err: ErrorDetails) -> str:
     return ".".join(parts)
 
 
-def _validate(model: type[BaseModel], data: Any, prefix: str, source: str) -> Any:
+def _validate(model: type[BaseModel], data: Any, prefix: str, source: str,
+              blame: Callable[[tuple[str, ...]], str] | None = None) -> Any:
+    """`model` from `data`, or a ConfigError naming the key; `blame(keys)`: the prefix where those keys were set."""
     try:
         return model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        raise ConfigError(f"{source}: {_where(prefix, err)}: {msg}") from None
+        loc = tuple(err["loc"])
+        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            msg = unknown(str(loc[-1]), keys_at(model, loc[:-1]))
+        error = (err.get("ctx") or {}).get("error")
+        keys = error.keys if isinstance(error, Impossible) else tuple(str(p) for p in loc[:1])
+        raise ConfigError(f"{source}: {_where(blame(keys) if blame else prefix, err)}: {msg}") from None
+
+
+def _set_in(over: Mapping[str, Any], dotted: str) -> bool:
+    """Whether a dotted key (`context.at`) is given in a section's mapping."""
+    head, _, rest = dotted.partition(".")
+    if head not in over:
+        return False
+    return not rest or (isinstance(over[head], Mapping) and _set_in(over[head], rest))
 
 
 def _section_models() -> Mapping[str, type[BaseModel]]:
@@ -290,8 +307,7 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
     defaults = _renamed(file.defaults)
     for name in defaults:
         if name not in models:
-            known = ", ".join(sorted(models)) or "none"
-            raise ConfigError(f"{source}: defaults.{name}: unknown section (known: {known})")
+            raise ConfigError(f"{source}: defaults.{name}: {unknown(name, [*models], 'section')}")
 
     routes: list[Route] = []
     route_files = list(file.routes)
@@ -309,11 +325,17 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
         extra = _renamed(rf.model_extra or {})
         for name in extra:
             if name not in models:
-                raise ConfigError(f"{source}: {where}.{name}: unknown key")
+                known = [*_RouteFile.model_fields, *models]
+                raise ConfigError(f"{source}: {where}.{name}: {unknown(name, known)}")
         sections = {}
         for name, model in models.items():
-            merged = _deep_merge(defaults.get(name, {}), extra.get(name) or {})
-            sections[name] = _validate(model, merged, f"{where}.{name}", source)
+            own = extra.get(name) or {}
+            merged = _deep_merge(defaults.get(name, {}), own)
+
+            def blame(keys: tuple[str, ...], own: Any = own, name: str = name, where: str = where) -> str:
+                mine = isinstance(own, Mapping) and any(_set_in(own, k) for k in keys)
+                return f"{where}.{name}" if mine or name not in defaults else f"defaults.{name}"
+            sections[name] = _validate(model, merged, f"{where}.{name}", source, blame)
         route_up = _validate(UpstreamSettings, _deep_merge(upstream.model_dump(), rf.upstream),
                              f"{where}.upstream", source)
         routes.append(Route(name=rf.name, match=rf.match, upstream=route_up, sections=sections,

@@ -14,6 +14,7 @@ from proxy_server import InProcessProxy, make_settings
 from proxy.http.routing import tenant_id
 from proxy.rewrite.compress import transform as compress
 from proxy.rewrite.compress.history import pairing_is_valid
+from proxy.rewrite.compress.record import CompactionLog
 from proxy.rewrite.compress.summarizer import COMPACTION_OPEN, SYSTEM_PROMPT
 from proxy.store import open_store
 from proxy.wire.chat.codec import CHAT
@@ -244,7 +245,7 @@ def test_a_holder_killed_mid_compaction_frees_the_session_within_seconds(upstrea
     lease and compacts, rather than waiting the summary timeout (130 s) and going upstream over the window."""
     store_url = f"sqlite:///{tmp_path}/c.db"
     session = f"killed-{uuid.uuid4().hex}"
-    lock = f"t:{tenant_id('sk-a', SALT)}:s:{session}:compaction:lock"
+    lock = CompactionLog(open_store(store_url), tenant_id("sk-a", SALT), session, "default", None).lock_name
 
     async def left_by_the_killed_process() -> str | None:
         store = open_store(store_url)  # taken as a holder takes it, then never renewed: the holder is gone

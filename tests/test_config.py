@@ -84,7 +84,7 @@ def test_cli_reports_invalid_config_in_one_line(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "routes[0].upstream.base_url" in r.stderr
     assert "Traceback" not in r.stderr
-    ok = subprocess.run([sys.executable, "-m", "proxy.cli", "check", "--config", "config.yaml"],
+    ok = subprocess.run([sys.executable, "-m", "proxy.cli", "check", "--offline", "--config", "config.yaml"],
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "route local" in ok.stdout
 

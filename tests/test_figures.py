@@ -181,7 +181,9 @@ def test_requests_that_never_reached_the_provider_add_no_tokens(upstream, tmp_pa
     assert totals["cacheable"] == timeline[0]["cacheable"] + timeline[3]["cacheable"] == timeline[3]["cacheable"]
     assert totals["prompt"] == sum(r.usage["prompt_tokens"] for r in upstream.requests if r.usage)
     assert totals["saved_tokens"] == timeline[0]["saved"] + timeline[3]["saved"]
-    assert totals["offloads"] == 2  # stored once, by the first request; still counted although others failed
+    # counted once per route, by the request that first offloaded them there, whatever its status: the first
+    # request's two on the default route, the dead route's own two (the text stored once)
+    assert totals["offloads"] == 4 and timeline[1]["offloaded_new"] == 2 and timeline[3].get("offloaded_new", 0) == 0
 
 
 def test_a_request_is_visible_as_soon_as_its_response_completes(proxy, upstream, monkeypatch):

@@ -4,10 +4,16 @@ A proxy must never be the reason an agent run dies. Whether the store is down
 or a transform raised (a bug, an input nobody foresaw), the request goes
 upstream byte for byte as the client sent it, and says so three ways: the
 `x-ctxproxy-degraded` header naming the cause (`store-unavailable` or the
-transform's name), the `ctxproxy_degraded_requests` metric, and a log line.
+transform's name), the `ctxproxy_degraded_requests` metric, and a log line:
+for a failed transform an error line per request; for the store, whose outage
+spans many requests, the request's own line names the event, and the store's
+going down and coming back are logged once each, at warning
+(proxy/store/guarded.py), so the log is not one warning per request.
 """
 
 from __future__ import annotations
+
+import logging
 
 from proxy import loop_free
 from proxy.logs import event, log
@@ -20,7 +26,7 @@ STORE_DOWN = "store-unavailable"
 async def forward_unmodified(conv: Conversation, ctx: RequestContext, cause: str, error: BaseException) -> Conversation:
     """A fresh parse of the client's bytes, carrying one Degraded event; `cause` names what failed."""
     if cause == STORE_DOWN:
-        event("store unavailable; forwarding unmodified", request_id=ctx.request_id, error=str(error))
+        event("store unavailable; forwarding unmodified", logging.DEBUG, request_id=ctx.request_id, error=str(error))
     else:
         log.error("transform failed; forwarding unmodified", exc_info=error,
                   extra={"fields": {"request_id": ctx.request_id, "transform": cause}})

@@ -8,7 +8,9 @@ naming a handle, and the model reads the rest with the proxy-owned
 
 Byte-stable: the decision and placeholder for a piece of content are recorded
 the first time and replayed verbatim afterwards, whatever the settings say
-then, on any replica. The text is stored before the rewritten request leaves.
+then, on any replica. The record is the route's (proxy/store/decisions.py):
+another route decides the same content by its own thresholds. The text is
+stored, for every route of the tenant, before the rewritten request leaves.
 
 Never a stall: hashing, counting and previewing a big new text run off the
 event loop (proxy/offloop.py); a replayed decision costs none of them.
@@ -32,13 +34,13 @@ from proxy.rewrite.events import Offloaded
 from proxy.rewrite.preview import PreviewShape, build_placeholder, error_matcher
 from proxy.rewrite.settings import MIN_THRESHOLD_TOKENS, OffloadSettings, Peers
 from proxy.store.archive import Archive, content_handle
+from proxy.store.decisions import Decisions
 from proxy.tokens.counter import default_counter, is_estimated
 from proxy.wire.codec import Codec, Item, add_call_names, call_names
 
 # Texts under MIN_THRESHOLD_TOKENS UTF-8 bytes (so tokens) can never have been offloaded: not even looked up.
 DECISION_KIND = "offload"
-_USER_SHARE_FACTOR = 2  # a user message may take twice the window share a tool result may
-_DECISION_CACHE = 20_000  # (tenant, handle) decisions remembered in process
+_DECISION_CACHE = 20_000  # (tenant, handle) decisions remembered in process (one Offload per route)
 
 
 def sized_text(wire: Codec, m: Item) -> str | None:
@@ -130,16 +132,17 @@ class Offload:
         s = self.settings
         read_name = read_tool_name(conv)
         archive = Archive(ctx.store, ctx.tenant, s.retention_days, ctx.archive_quota)
+        records = Decisions(ctx.store, ctx.tenant, ctx.route.name, s.retention_days)
         found = await self._candidates(conv)
-        decisions = await self._decisions(archive, ctx.tenant, list(map(operator.itemgetter(1), found)))
+        decisions = await self._decisions(records, ctx.tenant, found, ctx.window)
         messages = list(conv.messages)
         events = []
         for j in compress(count(), map(operator.is_not, decisions, repeat(False))):  # not those known to stay
             (i, handle, text, what), decision = found[j], decisions[j]
-            new = False  # whether this request stored the content (offloads are counted once, by that request)
+            new = False  # whether this request decided it on this route (counted once per route, by that request)
             if decision is None:
-                decision, new = await self._decide(archive, conv, messages[i], handle, text, what, read_name,
-                                                   ctx.window)
+                decision, new = await self._decide(archive, records, conv, messages[i], handle, text, what,
+                                                   read_name, ctx.window)
                 self._remember(ctx.tenant, handle, decision or False)
                 if not decision:
                     continue
@@ -205,11 +208,18 @@ class Offload:
             self._handles.put(digest, known)
         return known
 
-    async def _decisions(self, archive: Archive, tenant: str, handles: list[str]) -> list[Any]:
+    async def _decisions(self, records: Decisions, tenant: str, found: list[tuple[int, str, str, str]],
+                         window: int) -> list[Any]:
+        handles = list(map(operator.itemgetter(1), found))
         known = list(map(self._decided.get, zip(repeat(tenant), handles)))
         missing = list(compress(handles, map(operator.is_, known, repeat(None))))
         if missing:
-            fetched = dict(zip(missing, await archive.decisions(DECISION_KIND, missing)))
+            roles = {h: "user" if what == "user message" else "tool" for _, h, _, what in found}
+
+            def adopt(handle: str, old: Any) -> bool:  # a record of before routes: only if this route offloads it
+                return isinstance(old, dict) and old.get("tokens", 0) > self.settings.threshold(roles[handle], window)
+
+            fetched = dict(zip(missing, await records.get(DECISION_KIND, missing, adopt)))
             for j in list(compress(count(), map(operator.is_, known, repeat(None)))):
                 known[j] = fetched.get(handles[j])
             for h in missing:
@@ -218,16 +228,12 @@ class Offload:
                     self._remember(tenant, h, decision)
         return known
 
-    async def _decide(self, archive: Archive, conv: Conversation, message: Item, handle: str, text: str,
-                      what: str, read_name: str, window: int) -> tuple[dict[str, Any] | None, bool]:
-        """The decision that stands for this content, and whether this call recorded it (False when another
-        request or replica recorded one first)."""
+    async def _decide(self, archive: Archive, records: Decisions, conv: Conversation, message: Item, handle: str,
+                      text: str, what: str, read_name: str, window: int) -> tuple[dict[str, Any] | None, bool]:
+        """The decision that stands for this content on this route, and whether this call recorded it (False
+        when another request or replica recorded one first)."""
         s = self.settings
-        if conv.wire.role(message) == "user":  # the task itself: offloaded only when truly huge for the window
-            limit = min(s.user_message_tokens, int(window * s.max_window_share * _USER_SHARE_FACTOR))
-        else:
-            limit = min(s.tool_result_tokens, int(window * s.max_window_share))
-        limit = max(MIN_THRESHOLD_TOKENS, limit)
+        limit = s.threshold(conv.wire.role(message), window)
         model = conv.model
         tokens = await conv.count_prepared(message)
         if tokens <= limit:
@@ -242,7 +248,7 @@ class Offload:
         await archive.put_text(handle, text)
         decision = {"placeholder": placeholder, "tokens": tokens,
                     "preview_tokens": default_counter.count_text(placeholder, model)}
-        stands = await archive.record(DECISION_KIND, handle, decision)
+        stands = await records.record(DECISION_KIND, handle, decision)
         return stands, stands is decision
 
     def _remember(self, tenant: str, handle: str, decision: dict[str, Any] | bool) -> None:

@@ -12,12 +12,27 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.rewrite.preview import error_matcher
 from proxy.rewrite.status_bar.shapes import DEFAULT_ERROR_PATTERN, TodoShape
 
+
+class Impossible(ValueError):
+    """Settings of one section that cannot work together (or cannot work at all): refused at start.
+
+    `keys` names them, dotted within the section, so the configuration error can
+    say where they were set (a route's own section, or the defaults it inherits).
+    """
+
+    def __init__(self, keys: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
 MIN_THRESHOLD_TOKENS = 256  # the smallest offload threshold allowed (texts under it are never looked up)
+USER_SHARE_FACTOR = 2  # a user message may take twice the window share a tool result may
+TAIL_SHARE_OF_TARGET = 0.5  # compression's verbatim tail takes at most half of the target
 DEFAULT_FACTS = ("What is the task, with its constraints?", "Which files were read, created or changed, and how?",
                  "What has been verified to work, and what failed?", "What remains to be done, and what is next?")
 
@@ -47,6 +62,15 @@ class OffloadSettings(BaseModel):
         if error_matcher(v) is None:
             raise ValueError("must be a regular expression in RE2 syntax (no backreferences or lookaround)")
         return v
+
+    def threshold(self, role: str | None, window: int) -> int:
+        """Tokens over which a message of `role` is offloaded, for a model of `window` tokens (the one definition,
+        used by the transform and printed by `ctxproxy check`)."""
+        if role == "user":  # the task itself: offloaded only when truly huge for the window
+            limit = min(self.user_message_tokens, int(window * self.max_window_share * USER_SHARE_FACTOR))
+        else:
+            limit = min(self.tool_result_tokens, int(window * self.max_window_share))
+        return max(MIN_THRESHOLD_TOKENS, limit)
 
 
 class CompressSettings(BaseModel):
@@ -78,6 +102,25 @@ class CompressSettings(BaseModel):
     # request crossing `trigger` does not wait for it; null: never
     precompute: float | None = Field(default=0.78, gt=0, lt=1)
     retention_days: float = Field(default=7, gt=0)  # how long archived history stays readable
+
+    def recent_tokens(self, window: int) -> int:
+        """Tokens of newest messages kept verbatim: room must stay under the target, or it can't be reached."""
+        return min(self.keep_recent_tokens, int(window * self.target * TAIL_SHARE_OF_TARGET))
+
+    @model_validator(mode="after")
+    def _coherent(self) -> CompressSettings:
+        if self.trigger <= self.target:
+            raise Impossible(("trigger", "target"), f"trigger ({self.trigger:g}) must be above target "
+                             f"({self.target:g}): a compaction brings the prompt from trigger down to target")
+        # Left at its default under a lowered trigger it only never fires (a warning, proxy/cli_check.py);
+        # set explicitly it is a mistake.
+        if self.precompute is not None and self.precompute >= self.trigger and "precompute" in self.model_fields_set:
+            raise Impossible(("precompute", "trigger"), f"precompute ({self.precompute:g}) must be below trigger "
+                             f"({self.trigger:g}): the summary is written before the prompt crosses trigger "
+                             f"(null turns it off)")
+        if self.strategy == "facts" and not self.facts:
+            raise Impossible(("strategy", "facts"), "strategy facts needs at least one question in facts")
+        return self
 
 
 class ContextReadSettings(BaseModel):
@@ -116,6 +159,15 @@ class StatusBarSettings(BaseModel):
         re.compile(v)
         return v
 
+    @model_validator(mode="after")
+    def _shares(self) -> StatusBarSettings:
+        for name in ("context", "context_compressed"):
+            at = getattr(self, name).at
+            if at > 1:
+                raise Impossible((f"{name}.at",), f"{name}.at ({at:g}) is a share of the window: at most 1, "
+                                 f"or the advice never shows")
+        return self
+
 
 class CacheHintsSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -132,6 +184,16 @@ class CacheHintsSettings(BaseModel):
     openai_breakpoint_models: tuple[str, ...] = ("gpt-5.6*",)  # models that cache only at markers
     anthropic_models: tuple[str, ...] = ("claude*", "*/claude*", "anthropic/*")
 
+    @model_validator(mode="after")
+    def _anthropic_limit(self) -> CacheHintsSettings:
+        if self.breakpoints == "anthropic" and self.max_breakpoints > ANTHROPIC_MAX_BREAKPOINTS:
+            raise Impossible(("breakpoints", "max_breakpoints"), f"max_breakpoints ({self.max_breakpoints}) "
+                             f"must be at most {ANTHROPIC_MAX_BREAKPOINTS} with breakpoints anthropic: the API "
+                             f"refuses a request with more")
+        return self
+
+
+ANTHROPIC_MAX_BREAKPOINTS = 4  # cache_control blocks per request the Messages API accepts
 
 SECTION_MODELS: dict[str, type[BaseModel]] = {
     "offload": OffloadSettings,

@@ -1,10 +1,10 @@
-"""Tenant-scoped archive of text the proxy took out of a prompt, and of the decisions it made.
+"""Tenant-scoped archive of the text the proxy took out of a prompt.
 
 Everything the model can read back by handle (offloaded tool results, cleared
 history, summarized spans) lives here under the tenant that sent it: another
-API key gets "no such handle", never the text. Decisions are recorded once
-(`put_if_absent`) and replayed verbatim, so the same raw input is rewritten
-into the same bytes on every request, after a restart, and on every replica.
+API key gets "no such handle", never the text. The text is the tenant's, not a
+route's: a handle given on one route reads back on every route of the tenant.
+What the proxy *decided* to do with a text is a route's own (proxy/store/decisions.py).
 
 Stored text counts against the tenant's byte quota: past it, the tenant's
 oldest text is evicted first. Eviction removes only text, never a decision, so
@@ -15,16 +15,13 @@ answers "no stored content", like any unknown handle.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
-import orjson
-
-from proxy.store import Store
+from proxy.store.base import Store
+from proxy.store.decisions import SECONDS_PER_DAY
 from proxy.store.keys import tenant_key
 
 HANDLE_PREFIX = "ctx_"
 _HANDLE_HEX = 20  # hex chars of the content hash in a handle: 80 bits, unguessable without the text
-SECONDS_PER_DAY = 86_400
 
 
 def content_handle(kind: str, text: str) -> str:
@@ -48,12 +45,8 @@ def _quota_group(tenant: str) -> str:
     return tenant_key(tenant, "archive")
 
 
-def _decision_key(tenant: str, kind: str, handle: str) -> str:
-    return tenant_key(tenant, "decision", kind, handle)
-
-
 class Archive:
-    """Stored text and recorded decisions of one tenant."""
+    """Stored text of one tenant."""
 
     def __init__(self, store: Store, tenant: str, retention_days: float | None = None,
                  quota_bytes: int | None = None) -> None:
@@ -82,16 +75,3 @@ class Archive:
             return None
         raw = await self.store.get(_blob_key(self.tenant, handle))
         return None if raw is None else raw.decode("utf-8", "surrogatepass")
-
-    async def decisions(self, kind: str, handles: list[str]) -> list[Any | None]:
-        """Recorded decisions for these handles, in order, in one round trip."""
-        raws = await self.store.get_many([_decision_key(self.tenant, kind, h) for h in handles])
-        return [None if r is None else orjson.loads(r) for r in raws]
-
-    async def record(self, kind: str, handle: str, decision: Any) -> Any:
-        """Record a decision unless one exists; return the one that stands (ours or the first one)."""
-        key = _decision_key(self.tenant, kind, handle)
-        if await self.store.put_json_if_absent(key, decision, ttl=self.ttl):
-            return decision
-        existing = await self.store.get_json(key)
-        return decision if existing is None else existing

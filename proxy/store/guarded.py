@@ -11,6 +11,12 @@ backend makes at most one call per backoff pay the deadline; a probe that
 succeeds closes the breaker and the proxy recovers by itself. `ping` always asks
 the backend, within the deadline: readiness must tell the truth, quickly.
 
+Said out loud: while the store is down context management is off (requests go
+upstream unmodified), so the change is logged at `warning`, with the reason,
+once per transition: when it goes down (the first failure, a failed readiness
+ping, or `problem()` at start) and when it answers again, never per request or
+per failed probe (those are `debug`).
+
 The deadline measures the store, not the event loop: while a call waits, the
 loop may be held by other work (a big request's parse, a GC pass). Time the
 loop spent blocked meanwhile, measured by a small lag monitor (`LoopLag`), does
@@ -21,6 +27,7 @@ every tenant. Only the store's own slowness does.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,6 +35,7 @@ from typing import Any
 
 from proxy.logs import event
 from proxy.store.base import Store, StoreError
+from proxy.store.keys import tenant_key
 
 TIMEOUT_S = 0.5  # deadline of one store call (config: store_timeout)
 BACKOFF_S = 0.5  # fail-fast period after the first failure ...
@@ -43,6 +51,7 @@ LAG_TICK_S = 0.02  # the lag monitor's beat: a beat late by more than this was a
 
 
 LOOP_LAG_TASK = "ctxproxy-loop-lag"  # the monitor's task: it runs as long as the store does
+PROBE_KEY = tenant_key("ctxproxy", "probe")  # read by `ask_backend`; no tenant is named so, nothing is stored there
 
 
 class LoopLag:
@@ -92,6 +101,18 @@ async def store_deadline(lag: LoopLag, seconds: float) -> AsyncIterator[None]:
             handles[-1].cancel()
 
 
+async def ask_backend(store: Store, timeout: float) -> str | None:
+    """One read of a key nobody writes, within `timeout`: why it failed in one line, or None. Logs nothing."""
+    try:
+        async with asyncio.timeout(timeout):
+            await store.get(PROBE_KEY)
+    except TimeoutError:
+        return f"no answer within {timeout:g}s"
+    except StoreError as e:
+        return str(e)
+    return None
+
+
 def backing_off(store: Store) -> bool:
     """True if `store` is a guarded store whose breaker is open right now (calls would fail fast)."""
     return isinstance(store, GuardedStore) and store.degraded
@@ -101,14 +122,16 @@ class GuardedStore:
     """Wraps any `Store`; same methods, same results, plus a deadline and a breaker."""
 
     def __init__(self, inner: Store, timeout: float | None = None, backoff: float | None = None,
-                 max_backoff: float | None = None) -> None:
+                 max_backoff: float | None = None, name: str = "store") -> None:
         self.inner = inner
+        self.name = name  # how the log names it (its URL: the log masks a password in it)
         self.timeout = TIMEOUT_S if timeout is None else timeout
         self.backoff = BACKOFF_S if backoff is None else backoff
         self.max_backoff = MAX_BACKOFF_S if max_backoff is None else max_backoff
         self.failures = 0  # 0: closed; else failed attempts in a row (the first one, then probes)
         self.open_until = 0.0  # monotonic time before which every call fails fast
         self.probing = False  # a probe is in flight: the others fail fast meanwhile
+        self.down_since: float | None = None  # monotonic time it was said to be down; None: said up (or unknown)
         self._lag: LoopLag | None = None
 
     def _deadline(self, seconds: float) -> Any:
@@ -135,15 +158,16 @@ class GuardedStore:
                 async with self._deadline(timeout):
                     result = await attr(*args, **kwargs)
             except TimeoutError as exc:
-                self._failed(probe, name)
-                raise StoreError(f"store {name} did not answer within {timeout:g}s") from exc
-            except StoreError:
-                self._failed(probe, name)
+                error = StoreError(f"store {name} did not answer within {timeout:g}s")
+                self._failed(probe, name, str(error))
+                raise error from exc
+            except StoreError as exc:
+                self._failed(probe, name, str(exc))
                 raise
             finally:
                 if probe:
                     self.probing = False
-            if probe:
+            if probe or (self.down_since is not None and not self.failures):  # said down at start, answers now
                 self._recovered()
             return result
 
@@ -158,27 +182,58 @@ class GuardedStore:
         self.probing = True
         return True
 
-    def _failed(self, probe: bool, name: str) -> None:
+    def _failed(self, probe: bool, name: str, reason: str) -> None:
         if not probe and self.failures:
             return  # a call that started before the breaker opened: no reason to back off longer
         self.failures += 1
         wait = min(self.max_backoff, self.backoff * 2 ** (self.failures - 1))
         self.open_until = time.monotonic() + wait
-        event("store failing; backing off", op=name, failures=self.failures, backoff_s=wait)
+        if not self._said_down(reason, name):
+            event("store still unavailable; backing off", logging.DEBUG, op=name, failures=self.failures,
+                  backoff_s=wait, reason=reason)
+
+    def _said_down(self, reason: str, op: str) -> bool:
+        """Log the store going down, once until it is up again; True if this call said it."""
+        if self.down_since is not None:
+            return False
+        self.down_since = time.monotonic()
+        event("store unavailable: requests are forwarded unmodified (no offload, compression or status bar) "
+              "until it answers", logging.WARNING, store=self.name, op=op, reason=reason)
+        return True
 
     def _recovered(self) -> None:
-        if self.failures:
-            event("store answering again", failures=self.failures)
         self.failures, self.open_until = 0, 0.0
+        if self.down_since is not None:
+            down = time.monotonic() - self.down_since
+            self.down_since = None
+            event("store answering again: context management resumed", logging.WARNING, store=self.name,
+                  down_s=round(down, 1))
+
+    async def problem(self) -> str | None:
+        """Why the store does not answer right now, in one line; None when it does.
+
+        Asked at start (the app's lifespan), so a dead store is said in the first
+        lines of the log rather than discovered from degraded requests; the answer
+        counts as a transition like any other call's. It opens no breaker: the first
+        request finds out for itself, without a second warning.
+        """
+        reason = await ask_backend(self.inner, self.timeout)
+        if reason is None:
+            self._recovered()
+        else:
+            self._said_down(reason, "start")
+        return reason
 
     async def ping(self) -> bool:
         try:
             async with self._deadline(self.timeout):
                 ok = await self.inner.ping()
         except TimeoutError:
-            return False
+            ok = False
         if ok:
             self._recovered()
+        else:
+            self._said_down("it did not answer a readiness ping", "ping")
         return ok
 
     async def close(self) -> None:

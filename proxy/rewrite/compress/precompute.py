@@ -29,7 +29,8 @@ from proxy.rewrite.compress.record import CompactionLog, View
 from proxy.rewrite.compress.summarizer import SummarizerError, SummaryRejected
 from proxy.rewrite.context_read.tool import read_tool_name
 from proxy.store import StoreError
-from proxy.store.archive import SECONDS_PER_DAY, Archive
+from proxy.store.archive import Archive
+from proxy.store.decisions import SECONDS_PER_DAY, Decisions, adopt_any
 from proxy.store.lease import renewed
 from proxy.wire.codec import Codec
 
@@ -133,8 +134,8 @@ class Precomputer:
             return None
         if _span_chain(conv, view, upto) != record.get("chain"):
             return None  # the client's history changed under it: not this span any more
-        archive = Archive(ctx.store, ctx.tenant, s.retention_days, ctx.archive_quota)
-        (message,) = await archive.decisions("summary", [record["handle"]])
+        records = Decisions(ctx.store, ctx.tenant, ctx.route.name, s.retention_days)
+        (message,) = await records.get("summary", [record["handle"]], adopt_any)
         if message is None:
             return None
         return Ready(upto, message, record.get("usage") or [])

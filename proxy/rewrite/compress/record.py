@@ -5,16 +5,33 @@ The record says: "while the client's messages[0:upto] hash to `chain`, send
 with the same bytes, and the provider's cache keeps hitting. A new compaction
 writes a new version; a client that edits or truncates its history simply
 stops matching and gets its messages as they are.
+
+A record is the compaction one route's policy (trigger, target, layers) made,
+so it is kept per session and route: a client that sends one session id to two
+routes gets each route's own compactions, never the other's.
+
+Migration: records written before they had routes are keyed by session only.
+They are read in the same round trip as the route's own, as a fallback, and
+replayed by a route only where its own policy compacts too: the log is consulted
+only past the route's trigger (proxy/rewrite/compress/transform.py), and a
+replayed record still has to match the client's messages byte for byte. A
+derived session id already names its route, so its old record is that route's;
+a session running across the upgrade keeps its bytes. The next compaction is
+written under the route's key, with the next version. Old records expire with
+`retention_days`, then `LEGACY_FALLBACK` (proxy/store/decisions.py) can go.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import orjson
+
 from proxy.lru import LRU
 from proxy.rewrite.compress.history import Message, chain
 from proxy.store import Store
-from proxy.store.keys import session_key
+from proxy.store.decisions import LEGACY_FALLBACK
+from proxy.store.keys import route_session_key, session_key
 from proxy.wire import jsonio
 
 PREFIX_CACHE = 256  # recorded prefixes kept in process, by (tenant, session, version)
@@ -45,19 +62,23 @@ class Record:
 
 
 class CompactionLog:
-    """Reads and writes the records of one tenant's sessions."""
+    """Reads and writes the records of one session on one route."""
 
-    def __init__(self, store: Store, tenant: str, session: str, ttl: float | None) -> None:
+    def __init__(self, store: Store, tenant: str, session: str, route: str, ttl: float | None) -> None:
         self.store, self.ttl = store, ttl
-        self.base = session_key(tenant, session, "compaction")
+        self.base = route_session_key(tenant, session, route, "compaction")
+        self.legacy = session_key(tenant, session, "compaction")  # before records had routes: read only
         self.lock_name = self.base + ":lock"
         self.breaker = self.base + ":breaker"
 
     async def latest(self, cache: LRU[str, list[Message]]) -> Record | None:
-        head = await self.store.get_json(self.base)
-        if head is None:
+        bases = [self.base, self.legacy] if LEGACY_FALLBACK else [self.base]
+        found = [(b, raw) for b, raw in zip(bases, await self.store.get_many(bases)) if raw is not None]
+        if not found:
             return None
-        key = f"{self.base}:{head['version']}"
+        base, raw_head = found[0]
+        head = orjson.loads(raw_head)
+        key = f"{base}:{head['version']}"
         prefix = cache.get(key)
         if prefix is None:
             raw = await self.store.get(key)

@@ -50,7 +50,8 @@ from proxy.rewrite.events import ClientCompacts, Compacted, CompactionInEffect, 
 from proxy.rewrite.marks import PLACEHOLDER_MARK, SUMMARY_OPEN
 from proxy.rewrite.preview import read_call
 from proxy.rewrite.settings import CompressSettings, Peers
-from proxy.store.archive import SECONDS_PER_DAY, Archive, content_handle
+from proxy.store.archive import Archive, content_handle
+from proxy.store.decisions import SECONDS_PER_DAY, Decisions, adopt_any
 from proxy.store.lease import renewed
 from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
 from proxy.wire.codec import Codec, call_names
@@ -65,7 +66,6 @@ _SUMMARY_CALLS_WAITED = 2
 _WAIT_SLACK_S = 10
 _SUMMARIZER_WINDOW_SHARE = 0.85  # of the window, for transcript + answer (the rest: prompt, framing, slack)
 _MIN_TRANSCRIPT_TOKENS = 500
-_MAX_TAIL_SHARE_OF_TARGET = 0.5  # the verbatim tail takes at most half of the target
 _MIN_SUMMARY_TOKENS, _MAX_SUMMARY_TOKENS = 256, 2000  # the scaled summary length limit's bounds
 
 
@@ -111,9 +111,8 @@ class Compress:
         self.precomputer = Precomputer(self)
 
     def tail_budget(self, window: int) -> int:
-        """Tokens of newest messages kept verbatim: room must stay under the target, or it can't be reached."""
-        s = self.settings
-        return min(s.keep_recent_tokens, int(window * s.target * _MAX_TAIL_SHARE_OF_TARGET))
+        """Tokens of newest messages kept verbatim (CompressSettings.recent_tokens)."""
+        return self.settings.recent_tokens(window)
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         s = self.settings
@@ -128,7 +127,7 @@ class Compress:
         raw = conv.messages
         digests, counts = conv.digests(raw), conv.counts(raw)
         fixed = conv.fixed_tokens() + conv.wire.output_reserve(conv.body)
-        log = CompactionLog(ctx.store, ctx.tenant, ctx.session, s.retention_days * SECONDS_PER_DAY)
+        log = CompactionLog(ctx.store, ctx.tenant, ctx.session, ctx.route.name, s.retention_days * SECONDS_PER_DAY)
         if sum(counts) + fixed <= s.trigger * ctx.window:
             # A session's history only grows, and a compaction needs it over the trigger: a request
             # under it has no record to replay, so the store is not even asked.
@@ -325,13 +324,15 @@ class Compress:
                           view: View, tool: str) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
         """The summary message for view.messages[h:t], the usage of its calls and its handle.
 
-        Reused verbatim if this span was summarized before (by a precompute too).
+        Reused verbatim if this span was summarized before on this route (by a precompute too): a summary
+        is written by the route's summarizer settings, so another route's is not this route's decision.
         """
         s, model, wire = self.settings, conv.model, conv.wire
         span = view.messages[h:t]
         full = await offloop.run_unless_light(span, render, wire, span)
         handle = await offloop.run_if(len(full), content_handle, "span", full)
-        (known,) = await archive.decisions("summary", [handle])
+        records = Decisions(ctx.store, ctx.tenant, ctx.route.name, s.retention_days)
+        (known,) = await records.get("summary", [handle], adopt_any)  # this route chose to summarize the span
         if known is not None:
             return known, [], handle
         budget, answer_tokens = s.summary_input_tokens, summary_tokens(s, ctx.window)
@@ -359,4 +360,4 @@ class Compress:
             f"{SUMMARY_OPEN}\n{PLACEHOLDER_MARK} {len(span)} earlier messages ({tokens:,} tokens) were compacted "
             f"into this summary; the full transcript: {read_call(tool, handle)}]\n\n{text}\n{listing}\n"
             f"</context_summary>"))
-        return await archive.record("summary", handle, message), usage, handle
+        return await records.record("summary", handle, message), usage, handle
