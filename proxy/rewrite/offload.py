@@ -29,9 +29,11 @@ from proxy.lru import LRU
 from proxy.request import Conversation, RequestContext
 from proxy.rewrite.context_read.tool import read_tool_name
 from proxy.rewrite.events import Offloaded
+from proxy.rewrite.first_send import FirstSend
 from proxy.rewrite.preview import PreviewShape, build_placeholder, error_matcher
 from proxy.rewrite.settings import MIN_THRESHOLD_TOKENS, OffloadSettings, Peers
 from proxy.store.archive import Archive, content_handle
+from proxy.store.keys import tenant_key
 from proxy.tokens.counter import default_counter, is_estimated
 from proxy.wire.codec import Codec, Item, add_call_names, call_names
 
@@ -125,6 +127,7 @@ class Offload:
         self._errors = error_matcher(settings.error_pattern) if settings.preview_error_lines else None
         self._decided: LRU[tuple[str, str], dict[str, Any] | bool] = LRU(_DECISION_CACHE)
         self._handles: LRU[bytes, tuple[str, str]] = LRU(_DECISION_CACHE)  # message digest -> (handle, what)
+        self._first_send = FirstSend()
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         s = self.settings
@@ -139,10 +142,13 @@ class Offload:
             new = False  # whether this request stored the content (offloads are counted once, by that request)
             if decision is None:
                 decision, new = await self._decide(archive, conv, messages[i], handle, text, what, read_name,
-                                                   ctx.window)
+                                                   ctx.window, unsent=ctx.purpose != "turn")
                 self._remember(ctx.tenant, handle, decision or False)
                 if not decision:
                     continue
+            elif decision.get("unsent") and ctx.purpose == "turn":  # stored by a count: the first turn counts it
+                new = await self._first_send.claim(ctx.store, tenant_key(ctx.tenant, "sent", DECISION_KIND, handle),
+                                                   archive.ttl)
             messages[i] = conv.wire.with_text(messages[i], decision["placeholder"])
             events.append(Offloaded(handle, decision["tokens"], decision["tokens"] - decision["preview_tokens"], new))
         if events:
@@ -219,9 +225,10 @@ class Offload:
         return known
 
     async def _decide(self, archive: Archive, conv: Conversation, message: Item, handle: str, text: str,
-                      what: str, read_name: str, window: int) -> tuple[dict[str, Any] | None, bool]:
+                      what: str, read_name: str, window: int, unsent: bool) -> tuple[dict[str, Any] | None, bool]:
         """The decision that stands for this content, and whether this call recorded it (False when another
-        request or replica recorded one first)."""
+        request or replica recorded one first). `unsent`: recorded by a request that sends no turn (a count),
+        so the first turn that sends it counts it (proxy/rewrite/first_send.py)."""
         s = self.settings
         if conv.wire.role(message) == "user":  # the task itself: offloaded only when truly huge for the window
             limit = min(s.user_message_tokens, int(window * s.max_window_share * _USER_SHARE_FACTOR))
@@ -240,8 +247,10 @@ class Offload:
         if placeholder is None:
             return None, False
         await archive.put_text(handle, text)
-        decision = {"placeholder": placeholder, "tokens": tokens,
-                    "preview_tokens": default_counter.count_text(placeholder, model)}
+        decision: dict[str, Any] = {"placeholder": placeholder, "tokens": tokens,
+                                    "preview_tokens": default_counter.count_text(placeholder, model)}
+        if unsent:
+            decision["unsent"] = True
         stands = await archive.record(DECISION_KIND, handle, decision)
         return stands, stands is decision
 
