@@ -16,8 +16,8 @@ a request (no body is read or copied).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -59,6 +59,8 @@ def note_error(scope: Scope, err: ProxyError) -> None:
 
 
 class CountEveryAnswer:
+    """The app wrapped so that no answer to a client goes uncounted (the module docstring says which)."""
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
@@ -98,7 +100,7 @@ def _count(scope: Scope, status: int) -> None:
     st.accounting.answered(k.kind, k.request_id or "", tenant, route, k.model, session, status, k.error)
 
 
-def _route_of(st: ProxyState, path: str, headers: Any, model: str | None) -> str:
+def _route_of(st: ProxyState, path: str, headers: Mapping[str, str], model: str | None) -> str:
     """The route a request would have taken, as far as its path and headers say; "" if they name none that
     exists (a made-up name is never a label)."""
     named = path[len(_ROUTE_PREFIX):].split("/", 1)[0] if path.startswith(_ROUTE_PREFIX) else None
