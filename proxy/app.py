@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from proxy.config import Settings, load_settings
 from proxy.errors import BadRequest, NotFound, ProxyError
 from proxy.http import ctx_api
+from proxy.http.answers import CountEveryAnswer, note_error
 from proxy.http.chat import chat_completions
 from proxy.http.messages import count_tokens, messages
 from proxy.http.passthrough import passthrough
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_api_websocket_route(prefix + "/v1/responses", responses_websocket)
         app.add_route(prefix + "/v1/{path:path}", passthrough, methods=ALL_METHODS)
 
+    app.add_middleware(CountEveryAnswer)  # inside the outermost 500 handler: it sees every answer but that one
     app.add_exception_handler(ProxyError, _proxy_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
@@ -95,16 +97,19 @@ async def readyz(request: Request) -> Response:
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProxyError)
+    note_error(request.scope, exc)
     return error_response(exc, client_codec(request))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        return error_response(NotFound(f"no such endpoint: {request.method} {request.url.path}"),
-                              client_codec(request))
+        missing = NotFound(f"no such endpoint: {request.method} {request.url.path}")
+        note_error(request.scope, missing)
+        return error_response(missing, client_codec(request))
     err = BadRequest(str(exc.detail), code="method_not_allowed" if exc.status_code == 405 else "http_error")
     err.status = exc.status_code
+    note_error(request.scope, err)
     return error_response(err, client_codec(request))
 
 

@@ -137,7 +137,8 @@ def _session_lines(data: dict[str, Any]) -> list[str]:
     rows = []
     for i, r in enumerate(data.get("requests") or [], 1):
         status = (str(r.get("status")) + (" stream" if r.get("stream") else "")
-                  + (" degraded" if r.get("degraded") else ""))
+                  + (" degraded" if r.get("degraded") else "")
+                  + (f" {r['kind']}" if r.get("kind", "turn") != "turn" else ""))  # a count_tokens, a pass-through
         offl = f"{r.get('offloaded_new', 0)}/{r['offloaded']}" if r.get("offloaded") or r.get("offloaded_new") else "-"
         comp = r.get("compacted") or "-"
         cause = r.get("break") or (f"error: {r['error']}" if r.get("error") else "-")
@@ -189,11 +190,15 @@ def _request_lines(data: dict[str, Any]) -> list[str]:
            f"model {e.get('model') or '-'}, route {e.get('route')}",
            f"client sent {_num(e.get('client_tokens'))} prompt tokens ({data['client_messages']} messages, "
            f"{len(tools['client'])} tools); upstream got {_num(e.get('sent_tokens'))} "
-           f"({sum(1 for m in data['messages'] if m['position'] is not None)} messages, {len(tools['sent'])} tools); "
+           f"({sum(1 for m in data['messages'] if m['position'] is not None)} messages, {len(tools['sent'])} tools"
+           + (f"; {_num(e['output_reserve'])} more reserved for the answer" if e.get("output_reserve") else "")
+           + "); "
            f"saved {_num(e.get('saved'))} (offload {_num(e.get('saved_offload'))}, compression "
            f"{_num(e.get('saved_compress'))}, added -{_num(e.get('added'))})",
            f"offloads {e.get('offloaded_new', 0)} new, {e.get('offloaded', 0)} in effect; compacted "
-           f"{e.get('compacted') or '-'}; cacheable {_num(e.get('cacheable'))}, cached {_num(e.get('cached'))}; "
+           f"{e.get('compacted') or '-'}"
+           + (f" ({_num(e['tokens_before'])} -> {_num(e['tokens_after'])})" if e.get("tokens_before") else "")
+           + f"; cacheable {_num(e.get('cacheable'))}, cached {_num(e.get('cached'))}; "
            f"hidden read rounds {e.get('read_rounds', 0)}"
            + ("" if data.get("client_content") else "; client content not recorded (logging.log_content: false)"),
            "", "what went upstream, in order (#: position sent; client #: the client's message index)"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from proxy import offloop
 from proxy.config import Route
@@ -45,6 +45,9 @@ class RequestContext:
     upstream: Upstream  # for the proxy's own calls (summaries), on the route's upstream
     upstream_headers: list[tuple[str, str]]  # the client's headers as sent upstream (auth included)
     archive_quota: int | None = None  # bytes of stored text the tenant may keep (settings.store_quota_bytes)
+    # "count": a count_tokens request, rewritten as a turn would be but never a turn itself: what it stores
+    # is marked unsent, for the first turn that sends it to count (proxy/rewrite/first_send.py)
+    purpose: Literal["turn", "count"] = "turn"
 
 
 class ReadRounds(Protocol):
@@ -53,6 +56,7 @@ class ReadRounds(Protocol):
     done: int  # rounds the proxy answered
     messages: list[Item]  # the items as they grew: the client's, then each round's calls and answers
     usages: list[Usage]  # each hidden call's usage, as reported
+    sent: list[int]  # how many of `messages` each hidden call sent (each call's items extend the one before)
 
 
 @dataclass(frozen=True)
@@ -117,9 +121,23 @@ class Conversation:
         """Tokens of that top-level prompt (0 where the API has none)."""
         return self.facts.count(self.prefix) if self.prefix is not None else 0
 
+    def head_tokens(self) -> int:
+        """Tokens of what comes before the items in the prompt: the tool definitions as sent, the system prompt."""
+        return default_counter.count_tools(self.tools, self._model()) + self.prefix_tokens()
+
+    def prompt_tokens(self, messages: Sequence[dict[str, Any]]) -> int:
+        """The prompt the provider gets with these items, by the proxy's count: the head and every item.
+
+        The one definition of a prompt's size: the status bar's context line, the headers
+        (`x-ctxproxy-prompt-tokens`, `-tokens-after`) and the inspector's "upstream got" all
+        read it (README, "What the figures mean"); the answer's `max_tokens` reserve is not in it.
+        """
+        return self.head_tokens() + sum(self.counts(messages))
+
     def fixed_tokens(self) -> int:
-        """Tokens every request of this body carries besides its items: tools, system prompt, reply priming."""
-        return REPLY_PRIMING_TOKENS + default_counter.count_tools(self.tools, self._model()) + self.prefix_tokens()
+        """Tokens every request of this body carries besides its items: tools, system prompt, reply priming
+        (what must fit in the window with the items; not the prompt's size, `prompt_tokens`)."""
+        return REPLY_PRIMING_TOKENS + self.head_tokens()
 
     def kinds(self, kind: type[Event]) -> list[Any]:
         """This request's events of one kind, in order."""

@@ -33,7 +33,7 @@ from proxy_server import InProcessProxy, make_settings
 from silent_server import SilentServer
 
 import proxy.store.guarded as guarded
-from proxy.accounting.accountant import timeline_key
+from proxy.accounting.counters import timeline_key
 from proxy.http.routing import tenant_id
 from proxy.store import open_store
 
@@ -363,7 +363,12 @@ def test_request_rejected_after_parsing_writes_nothing(upstream, tmp_path):
 
     async def everything(store: Any) -> tuple[list[str], dict]:
         return await store.keys(""), await store.counters("")
-    assert _store_call(url, everything) == ([], {})
+    keys, counters = _store_call(url, everything)
+    # nothing half-stored: no text, no decision; only the refusals themselves are counted (the one whose
+    # session was known by then in that session's records)
+    assert all(re.fullmatch(r"t:\w+:session:s-\w+(:first)?", k) for k in keys), keys
+    assert counters and all(k.endswith(("|requests", "|errors")) or k.startswith("sessions:") for k in counters)
+    assert sum(v for k, v in counters.items() if k.endswith("|all|errors")) == 4
 
 
 def test_provider_failure_after_the_pipeline_is_recorded_as_that_failure(faulty, upstream, tmp_path):

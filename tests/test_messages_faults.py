@@ -524,7 +524,10 @@ def test_rejected_messages_requests_store_nothing(upstream, tmp_path):
             return await store.keys(""), await store.counters("")
         finally:
             await store.close()
-    assert asyncio.run(everything()) == ([], {})
+    keys, counters = asyncio.run(everything())
+    assert keys == []  # nothing half-stored: no text, no decision, no session; only the refusals are counted
+    assert counters and all(k.endswith(("|requests", "|errors")) for k in counters)
+    assert sum(v for k, v in counters.items() if k.endswith("|all|errors")) == 5
 
 
 def test_a_cut_stream_is_counted_as_a_failed_request(faulty, upstream):

@@ -98,6 +98,10 @@ def test_a_codex_shaped_session_goes_upstream_whole_and_managed(proxy, upstream)
     assert seq == sorted(seq) and events[0][0]["type"] == "response.created"
 
 
+STEADY = {"offload": {"tool_result_tokens": 2000}, "status_bar": {"enabled": False}}  # no clock in the bytes
+
+
+@pytest.mark.proxy_config(real=True, defaults=STEADY)
 def test_the_same_history_is_the_same_upstream_bytes_over_websocket_twice_and_over_http(proxy, upstream):
     session(proxy, upstream)
     first = [r.body for r in upstream.requests if r.path == "/v1/responses"]
@@ -123,13 +127,13 @@ def _client_history(upstream_body: bytes) -> list[dict]:
 def test_a_restart_mid_session_loses_nothing(make_proxy, upstream, tmp_path):
     """Codex reconnects after a drop and sends the whole input again: the same bytes reach the provider."""
     store = f"sqlite:///{tmp_path / 'ws.db'}"
-    first = make_proxy(store, real=True, defaults={"offload": {"tool_result_tokens": 2000}})
+    first = make_proxy(store, real=True, defaults=STEADY)
     session(first, upstream)
     expected = [r.body for r in upstream.requests if r.path == "/v1/responses"]
     first.stop()
     upstream.reset()
     upstream.script("The bad item is 7919.")
-    second = make_proxy(store, real=True, defaults={"offload": {"tool_result_tokens": 2000}})
+    second = make_proxy(store, real=True, defaults=STEADY)
     with connect(ws_url(second), additional_headers={"authorization": f"Bearer {KEY}"}) as ws:
         completed(turn(ws, **COMMON, input=_client_history(expected[-1])))
     assert upstream.requests[-1].body == expected[-1]

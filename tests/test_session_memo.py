@@ -124,14 +124,18 @@ class Twin:
                            headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
             answers.append((r.status_code, r.json(), _own_headers(r)))
         assert answers[0] == answers[1] and answers[0][0] == 400
+        session = answers[0][2].get("x-ctxproxy-session")
+        if session is not None:  # refused once its session was known: an entry of that session's timeline
+            self.sessions[(key, session)] = self.sessions.get((key, session), 0) + 1
         return answers[0][1]["error"]
 
     def assert_same_accounting(self) -> None:
         """Same prefix-cache traces in process, same timelines in the stores."""
-        w, c = self.warm.state.accounting, self.cold.state.accounting
-        assert w._traces.keys() == c._traces.keys() and len(w._traces) == len(self.sessions)
-        for k in w._traces:
-            assert w._traces[k] == c._traces[k]
+        w, c = self.warm.state.accounting._previous._traces, self.cold.state.accounting._previous._traces
+        assert w.keys() == c.keys()
+        assert len({k.rsplit(":trace:", 1)[0] for k in w.keys() if ":trace:" in k}) == len(self.sessions)
+        for k in w:
+            assert w[k] == c[k]
         for (key, session), sent in self.sessions.items():
             timelines = [self._timeline(p, key, session, sent) for p in (self.warm, self.cold)]
             assert timelines[0] == timelines[1]

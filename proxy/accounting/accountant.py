@@ -17,105 +17,43 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from proxy import offloop
 from proxy.accounting import inspector
+from proxy.accounting.counters import (
+    HOUR,
+    INSPECT_MAX,
+    RETENTION,
+    SESSION_STATS_PREFIX,
+    TEXTS_MAX,
+    TIMELINE_MAX,
+    add_counts,
+    group_of,
+    inspect_key,
+    session_record_key,
+    texts_key,
+    timeline_key,
+)
 from proxy.accounting.figures import Figures, measure
 from proxy.accounting.ledger import Ledger
 from proxy.accounting.metrics import Metrics
-from proxy.accounting.prefix_check import PrefixCheck, Trace, compare, expiry_cause
+from proxy.accounting.prefix_check import UNMEASURED, PrefixCheck, Trace, expiry_cause, hidden_cacheable
+from proxy.accounting.previous import Previous
 from proxy.logs import event, log
-from proxy.lru import LRU
 from proxy.request import Conversation, RequestContext
 from proxy.rewrite.compress.history import system_end
 from proxy.rewrite.context_read.rate import HandleCounts, ReadBack, read_back
-from proxy.rewrite.events import Compacted, CompactionInEffect
+from proxy.rewrite.events import Compacted, CompactionInEffect, HistoryElsewhere
 from proxy.store import Store, StoreError
-from proxy.store.keys import session_key, tenant_key
-from proxy.tokens.counter import default_counter, message_digest
+from proxy.tokens.counter import message_digest
 from proxy.wire import jsonio
 from proxy.wire.usage import Usage, parse_usage
 
 if TYPE_CHECKING:
     from proxy.request import ReadRounds as Rounds
 
-HOUR = 3600
-TIMELINE_MAX = 500  # requests kept per session timeline
-INSPECT_MAX = 100  # requests per session whose inspector record is kept (the newest)
-TEXTS_MAX = 5000  # distinct texts kept per session for the inspector (a status or placeholder is stored once)
-RETENTION = 30 * 86_400  # seconds session timelines and summaries are kept
-_TRACES_CACHED = 1_000
-# Counters per tenant, route, model and hour; see README "What the figures mean".
-FIELDS = ("requests", "errors", "prompt", "cached", "reported_prompt", "cacheable", "completion", "own_calls",
-          "own_prompt", "own_cached", "client_tokens", "sent_tokens", "saved_offload", "saved_compress", "breaks",
-          "offloads", "compactions", "read_rounds", "handles_given", "handles_read")
-# The same counters per session (requests are counted in the session index).
-SESSION_FIELDS = tuple(f for f in FIELDS if f not in ("requests", "reported_prompt"))
-
-SESSIONS_PREFIX = "sessions:"  # counters sessions:{tenant}:{session} = requests: the session index
-SESSION_STATS_PREFIX = "sessstat:"  # counters sessstat:{tenant}:{session}|{field}
+_FIRSTS_REMEMBERED = 1_000  # sessions whose first-seen time this process knows is written
 FLUSH_DELAY = 0.05  # seconds a batch gathers requests before one round of store writes
 MAX_PENDING = 5000  # timeline entries waiting for the store, at most (memory stays bounded)
-
-
-def session_record_key(tenant: str, session: str) -> str:
-    return tenant_key(tenant, "session", session)
-
-
-def timeline_key(tenant: str, session: str) -> str:
-    return session_key(tenant, session, "timeline")
-
-
-def inspect_key(tenant: str, session: str) -> str:
-    return session_key(tenant, session, "inspect")
-
-
-def texts_key(tenant: str, session: str) -> str:
-    return session_key(tenant, session, "texts")
-
-
-def stats_prefix(tenant: str) -> str:
-    return f"stats:{tenant}:"
-
-
-def derived(t: dict[str, Any]) -> dict[str, Any]:
-    """Figures that follow from the counters, the same way everywhere (stats, sessions)."""
-    saved = t.get("client_tokens", 0) - t.get("sent_tokens", 0)
-    given = t.get("handles_given", 0)
-    return {"saved_tokens": saved,
-            "added_tokens": t.get("saved_offload", 0) + t.get("saved_compress", 0) - saved,
-            "readback_rate": round(t.get("handles_read", 0) / given, 4) if given else None}
-
-
-async def session_summaries(store: Store, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """What /ctx/v1/sessions shows per session, assembled from counters and blind-written records
-    (no read-modify-write, so concurrent requests of one session never lose an update)."""
-    if not pairs:
-        return []
-    keys = [session_record_key(t, s) for t, s in pairs]
-    metas = await store.get_many(keys)
-    firsts = await store.get_many([k + ":first" for k in keys])
-    breaks = await store.get_many([k + ":break" for k in keys])
-    tenants = {t for t, _ in pairs}
-    stats: dict[str, int | float] = {}
-    for t in tenants:
-        stats.update(await store.counters(f"{SESSION_STATS_PREFIX}{t}:"))
-    requests: dict[str, int | float] = {}
-    for t in tenants:
-        requests.update(await store.counters(f"{SESSIONS_PREFIX}{t}:"))
-    out = []
-    for (t, s), meta, first, brk in zip(pairs, metas, firsts, breaks):
-        if meta is None:
-            continue
-        row = orjson.loads(meta)
-        base = f"{SESSION_STATS_PREFIX}{t}:{s}|"
-        counts = {f: stats.get(base + f, 0) for f in SESSION_FIELDS}
-        row.update(first=orjson.loads(first) if first else row.get("last"),
-                   requests=requests.get(f"{SESSIONS_PREFIX}{t}:{s}", 0), **counts, **derived(counts),
-                   last_break=orjson.loads(brk) if brk else None)
-        out.append(row)
-    return out
 
 
 @dataclass
@@ -134,7 +72,7 @@ class Outcome:
 class Accountant:
     def __init__(self, store: Store, metrics: Metrics, log_content: bool = False) -> None:
         self.store, self.metrics, self.log_content = store, metrics, log_content
-        self._traces: LRU[tuple[str, str], Trace] = LRU(_TRACES_CACHED)
+        self._previous = Previous(store)
         self._batch = _Batch()
         self._flusher: asyncio.Task[None] | None = None
         self._writing = asyncio.Lock()
@@ -151,14 +89,13 @@ class Accountant:
             trace, figures, roles = self._measure(conv, ctx)
         else:
             trace, figures, roles = await offloop.run(self._measure, conv, ctx)
-        return Ledger(self, ctx, conv, trace, figures, await self.check(ctx, trace), outcome, roles=roles)
+        return Ledger(self, ctx, conv, trace, figures, await self.check(ctx, conv, trace), outcome, roles=roles)
 
     def _measure(self, conv: Conversation, ctx: RequestContext) -> tuple[Trace, Figures, str]:
         trace = self.trace(conv, ctx)
         return trace, measure(conv, trace), inspector.roles(conv)
 
     def trace(self, conv: Conversation, ctx: RequestContext) -> Trace:
-        model = conv.model
         sent = list(conv.messages)
         for i, m in conv.unmarked.items():  # cache markers are not content
             sent[i] = m
@@ -169,41 +106,29 @@ class Accountant:
         prefix = conv.prefix  # the top-level system prompt, where the API has one: counted with the tools
         return Trace(raw=conv.digests(conv.client_messages), system=system, sent=digests, counts=conv.counts(sent),
                      tools=message_digest({"tools": tools}) if tools else b"",
-                     tool_names=conv.wire.tool_names(tools),
-                     tool_tokens=default_counter.count_tools(tools, model) + conv.prefix_tokens(),
+                     tool_names=conv.wire.tool_names(tools), tool_tokens=conv.head_tokens(),
                      compaction=compaction, prefix=conv.digest(prefix) if prefix is not None else b"")
 
-    async def check(self, ctx: RequestContext, trace: Trace) -> PrefixCheck:
-        """This request against the session's previous one the provider accepted."""
-        key = (ctx.tenant, ctx.session)
-        prev = self._traces.get(key)
-        if prev is None:
-            try:
-                raw = await self.store.get_json(session_key(ctx.tenant, ctx.session, "trace"))
-                prev = Trace.from_json(raw) if raw else None
-            except StoreError:
-                prev = None
-            if prev is not None:
-                self._keep_trace(key, prev)
-        return compare(prev, trace)
-
-    def _keep_trace(self, key: tuple[str, str], trace: Trace) -> None:
-        self._traces.put(key, trace)
+    async def check(self, ctx: RequestContext, conv: Conversation, trace: Trace) -> PrefixCheck:
+        """This request against the earlier one it could reuse a cached prefix of (proxy/accounting/previous.py);
+        not measured when the provider holds the history (previous_response_id): the prompt is not all here."""
+        if conv.kinds(HistoryElsewhere):
+            return UNMEASURED
+        return await self._previous.check(ctx.tenant, ctx.session, ctx.model, trace)
 
     def record(self, ctx: RequestContext, conv: Conversation, trace: Trace, check: PrefixCheck, outcome: Outcome,
                figures: Figures, rounds: Rounds | None = None, roles: str | None = None) -> dict[str, Any]:
         """Metrics now; the store in the background. Returns fields for the request's log line.
 
-        Only a request the provider accepted becomes the session's previous
-        request (what the next one's cached prefix is measured against).
+        Only a request the provider accepted becomes the previous request (what the next one's
+        cached prefix is measured against).
         """
-        key = (ctx.tenant, ctx.session)
-        previous = self._traces.get(key)
-        if outcome.accepted:
-            self._keep_trace(key, trace)
+        previous = self._previous.last(ctx.tenant, ctx.session, ctx.model)
+        traces = self._previous.keep(ctx.tenant, ctx.session, ctx.model, trace, opened=not check.previous) \
+            if outcome.accepted and check.measured else {}
         try:
             read = read_back(rounds, conv)
-            entry = self._entry(ctx, check, outcome, figures, rounds, read)
+            entry = self._entry(ctx, conv, trace, check, outcome, figures, rounds, read)
             inspect = inspector.record(ctx.request_id, conv, trace, figures,
                                        inspector.read_rounds(conv.wire, read.messages, read.usages, conv.model), roles)
             texts = inspector.new_texts(conv, trace, figures, previous, self.log_content, read.messages)
@@ -211,22 +136,39 @@ class Accountant:
         except Exception:  # accounting must never be the reason a request fails
             log.exception("accounting failed", extra={"fields": {"request_id": ctx.request_id}})
             return {}
-        self._queue(ctx, trace if outcome.accepted else None, entry, figures, inspect, texts, read.handles)
+        self._queue(ctx, traces, entry, figures, inspect, texts, read.handles)
         if not self.log_content:
             return {}
         known = set(previous.raw) if previous is not None else set()
         return {"client_messages": [{"index": i, "message": m} for i, (d, m)
                                     in enumerate(zip(trace.raw, conv.client_messages)) if d not in known]}
 
-    def _entry(self, ctx: RequestContext, check: PrefixCheck, o: Outcome, f: Figures, rounds: Rounds | None,
-               read: ReadBack) -> dict[str, Any]:
+    def cacheable(self, conv: Conversation, trace: Trace, check: PrefixCheck, accepted: bool, status: int,
+                  rounds: Rounds | None) -> int | None:
+        """Over every provider call of the turn the provider accepted, as its usage is summed: the first call's
+        shared prefix, and each hidden round's (the whole prompt of the call before it). None: not measured."""
+        if not check.measured:
+            return None
+        if not accepted:
+            return 0
+        if rounds is None or not rounds.done:
+            return check.cacheable
+        calls = rounds.done if status < 400 else max(0, len(rounds.usages) - 1)  # a failed round: not accepted
+        first = len(conv.messages)
+        return check.cacheable + hidden_cacheable(trace.prompt, conv.counts(rounds.messages[first:]), rounds.sent,
+                                                  first, calls)
+
+    def _entry(self, ctx: RequestContext, conv: Conversation, trace: Trace, check: PrefixCheck, o: Outcome,
+               f: Figures, rounds: Rounds | None, read: ReadBack) -> dict[str, Any]:
         u, ok = o.usage, o.accepted
         return {
-            "ts": round(time.time(), 3), "request_id": ctx.request_id, "route": ctx.route.name, "model": ctx.model,
-            "status": o.status, "error": o.error, "stream": ctx.stream, "accepted": ok,
+            "ts": round(time.time(), 3), "request_id": ctx.request_id, "kind": "turn", "route": ctx.route.name,
+            "model": ctx.model, "status": o.status, "error": o.error, "stream": ctx.stream, "accepted": ok,
             "prompt": u.prompt if u else None, "cached": u.cached if u else None,
-            "completion": u.completion if u else None, "cacheable": check.cacheable if ok else 0,
-            "previous": check.previous, "break": expiry_cause(check, u.cached if u else None) if ok else None,
+            "completion": u.completion if u else None,
+            "cacheable": self.cacheable(conv, trace, check, ok, o.status, rounds), "previous": check.previous,
+            "break": expiry_cause(check, u.cached if u else None) if ok and check.measured else None,
+            "output_reserve": f.reserve, **f.compaction_sizes(),
             "offloaded": f.placeholders, "offloaded_new": len(f.offloads_new),
             "client_tokens": f.client_tokens if ok else None, "sent_tokens": f.sent_tokens if ok else None,
             "saved": f.saved if ok else None, "saved_offload": f.saved_offload if ok else None,
@@ -247,7 +189,7 @@ class Accountant:
             m.completion.labels(*labels).inc(e["completion"])
         if e["cached"] is not None:
             m.cached.labels(*labels).inc(e["cached"])
-        m.cacheable.labels(*labels).inc(e["cacheable"])
+        m.cacheable.labels(*labels).inc(e["cacheable"] or 0)
         for kind, usage in o.own:
             m.own_prompt.labels(*labels, kind).inc(usage.prompt)
         if e["offloaded_new"]:
@@ -270,49 +212,74 @@ class Accountant:
         if o.upstream_s:
             m.upstream.labels(*labels).observe(o.upstream_s)
 
-    def _queue(self, ctx: RequestContext, trace: Trace | None, e: dict[str, Any], f: Figures,
+    def _queue(self, ctx: RequestContext, traces: dict[str, Any], e: dict[str, Any], f: Figures,
                inspect: dict[str, Any], texts: list[dict[str, Any]], reads: list[str]) -> None:
         """Fold one request into the pending batch: counters add up, the latest trace and meta win."""
         ok = e["accepted"]
         values = {
             "requests": 1, "errors": int(e["status"] >= 400), "prompt": e["prompt"] or 0,
             "cached": e["cached"] or 0, "reported_prompt": (e["prompt"] or 0) if e["cached"] is not None else 0,
-            "cacheable": e["cacheable"], "completion": e["completion"] or 0, "own_calls": e["own_calls"],
+            "cacheable": e["cacheable"] or 0,
+            "measured_cached": (e["cached"] or 0) if e["cacheable"] is not None else 0,
+            "completion": e["completion"] or 0, "own_calls": e["own_calls"],
             "own_prompt": e["own_prompt"], "own_cached": e["own_cached"],
             "client_tokens": e["client_tokens"] or 0, "sent_tokens": e["sent_tokens"] or 0,
             "saved_offload": e["saved_offload"] or 0, "saved_compress": e["saved_compress"] or 0,
             "breaks": int(bool(e["break"])), "offloads": e["offloaded_new"], "compactions": e["compactions"],
             "read_rounds": e["read_rounds"],
         }
-        group = f"{stats_prefix(ctx.tenant)}{ctx.route.name}|{ctx.model or ''}"
+        group = group_of(ctx.tenant, ctx.route.name, ctx.model)
         hour = int(e["ts"] // HOUR)
         b = self._batch
-        for bucket in ("all", f"h{hour}"):
-            for k, v in values.items():
-                if v:
-                    b.amounts[f"{group}|{bucket}|{k}"] += v
-        sess = f"{ctx.tenant}:{ctx.session}"
-        b.amounts[f"{SESSIONS_PREFIX}{sess}"] += 1
-        for k in SESSION_FIELDS:
-            if values.get(k):
-                b.amounts[f"{SESSION_STATS_PREFIX}{sess}|{k}"] += values[k]
-        if trace is not None:
-            b.traces[session_key(ctx.tenant, ctx.session, "trace")] = trace.to_json()
-        b.metas[session_record_key(ctx.tenant, ctx.session)] = {"session": ctx.session, "route": ctx.route.name,
-                                                         "model": ctx.model, "last": e["ts"]}
-        b.firsts.setdefault(session_record_key(ctx.tenant, ctx.session) + ":first", e["ts"])
-        if e["break"]:
-            b.breaks[session_record_key(ctx.tenant, ctx.session) + ":break"] = e["break"]
+        add_counts(b.amounts, ctx.tenant, ctx.session, group, hour, values)
+        b.traces.update(traces)
+        self._session_records(ctx.tenant, ctx.session, ctx.route.name, ctx.model, e)
         if ok and f.given:
             b.given.append((ctx.tenant, ctx.session, group, hour, f.given))
         if reads:
             b.reads.append((ctx.tenant, reads))
+        self._log(ctx.tenant, ctx.session, e, inspect, texts)
+
+    def answered(self, kind: str, request_id: str, tenant: str, route: str, model: str | None, session: str | None,
+                 status: int, error: str | None) -> None:
+        """A response no ledger accounts (the proxy's own refusals, count_tokens, pass-through): counted per
+        route, model and status, and in the session's timeline when the request names one. Never raises."""
+        try:
+            self.metrics.requests.labels(route, self.metrics.model_label(model), str(status)).inc()
+            now = round(time.time(), 3)
+            e = {"ts": now, "request_id": request_id, "kind": kind, "route": route, "model": model,
+                 "status": status, "error": error, "accepted": False, "prompt": None, "cached": None,
+                 "completion": None, "cacheable": None, "offloaded": 0, "offloaded_new": 0, "compactions": 0}
+            add_counts(self._batch.amounts, tenant, session, group_of(tenant, route, model), int(now // HOUR),
+                       {"requests": 1, "errors": int(status >= 400)})
+            if session is not None:
+                self._session_records(tenant, session, route, model, e)
+                self._log(tenant, session, e, {"id": request_id, "kind": kind}, [])
+            else:
+                self._wake()
+        except Exception:  # accounting must never be the reason a request fails
+            log.exception("accounting failed", extra={"fields": {"request_id": request_id}})
+
+    def _session_records(self, tenant: str, session: str, route: str, model: str | None, e: dict[str, Any]) -> None:
+        b, key = self._batch, session_record_key(tenant, session)
+        b.metas[key] = {"session": session, "route": route, "model": model, "last": e["ts"]}
+        b.firsts.setdefault(key + ":first", e["ts"])
+        if e.get("break"):
+            b.breaks[key + ":break"] = e["break"]
+
+    def _log(self, tenant: str, session: str, e: dict[str, Any], inspect: dict[str, Any],
+             texts: list[dict[str, Any]]) -> None:
+        """The timeline entry and its inspector record (appended together: the same position in both logs)."""
+        b = self._batch
         if len(b.logs) < MAX_PENDING:
-            b.logs.append((timeline_key(ctx.tenant, ctx.session), jsonio.dumps(e)))
-            b.inspects.append((inspect_key(ctx.tenant, ctx.session), jsonio.dumps(inspect)))
-            b.texts += [(texts_key(ctx.tenant, ctx.session), jsonio.dumps(t)) for t in texts]
+            b.logs.append((timeline_key(tenant, session), jsonio.dumps(e)))
+            b.inspects.append((inspect_key(tenant, session), jsonio.dumps(inspect)))
+            b.texts += [(texts_key(tenant, session), jsonio.dumps(t)) for t in texts]
         else:
             b.dropped += 1  # the store cannot keep up: timelines lose entries, counters stay exact
+        self._wake()
+
+    def _wake(self) -> None:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
@@ -351,7 +318,7 @@ class Accountant:
         for key, ts in b.firsts.items():
             if key not in self._firsts_written:
                 await self.store.put_json_if_absent(key, ts, ttl=RETENTION)
-                if len(self._firsts_written) > _TRACES_CACHED:
+                if len(self._firsts_written) > _FIRSTS_REMEMBERED:
                     self._firsts_written.clear()
                 self._firsts_written.add(key)
         if b.texts:

@@ -12,12 +12,18 @@ the dashboard, `ctxproxy stats` and the inspector all read one request's
 - `client_tokens` / `sent_tokens`: prompt tokens of the request as the client
   sent it and as the provider got it (its first call; hidden read-back rounds
   are usage, not savings), both by the proxy's own count (proxy/tokens/counter.py:
-  messages plus tool definitions);
+  messages, tool definitions and the top-level system prompt; `sent_tokens` is
+  `Conversation.prompt_tokens`, the size the status bar states and the headers
+  `x-ctxproxy-prompt-tokens` / `-tokens-after` carry); `reserve`, the answer's
+  `max_tokens`, is apart from both;
 - `saved` = client_tokens - sent_tokens, split exactly into
   `saved_offload + saved_compress - added` by aligning the two message lists:
   each message the proxy wrote is charged with what it replaced, the status
   bar and the read tool are what the proxy added;
-- `compactions`: compaction records this request wrote, each counted once.
+- `compactions`: compaction records this request was the first to send, each
+  counted once (it wrote them, or a count_tokens did: proxy/rewrite/first_send.py);
+  `removed`: the tokens they took out of the prompt, so the prompt without them
+  was `sent_tokens + removed` (`x-ctxproxy-tokens-before`).
 
 Pure computation on what the request already holds (digests and counts the
 accounting trace computed); it never changes what is sent upstream.
@@ -149,7 +155,9 @@ class Figures:
     given: list[str]  # handles of the offload and cleared placeholders in the prompt, in order, distinct
     offloads_new: list[str]
     compactions: list[str]  # layers, in order
-    compaction_detail: dict[str, Any] = field(default_factory=dict)  # the last one's before/after
+    compaction_detail: dict[str, Any] = field(default_factory=dict)  # the last one's record
+    removed: int = 0  # tokens this request's compactions took out of the prompt
+    reserve: int = 0  # the answer's max_tokens: must fit in the window beside the prompt, not part of it
     degraded: bool = False  # forwarded unmodified: the store was unavailable
 
     @property
@@ -164,6 +172,12 @@ class Figures:
     @property
     def compacted(self) -> str | None:
         return self.compactions[-1] if self.compactions else None
+
+    def compaction_sizes(self) -> dict[str, int | None]:
+        """The prompt without this request's compactions and with them (as sent): one definition of its size."""
+        if not self.compactions:
+            return {"tokens_before": None, "tokens_after": None}
+        return {"tokens_before": self.sent_tokens + self.removed, "tokens_after": self.sent_tokens}
 
 
 def client_tools(conv: Conversation) -> list[Any]:
@@ -184,6 +198,7 @@ def measure(conv: Conversation, trace: Trace) -> Figures:
         sent_messages[i] = m
     client_counts = conv.counts(conv.client_messages)
     client_tool_tokens = default_counter.count_tools(client_tools(conv), conv.model)
+    system = conv.prefix_tokens()  # the top-level system prompt: the client's and the sent one are the same
     segments = align(conv.wire, trace.raw, trace.sent, sent_messages)
     saved = {"offload": 0, "compress": 0, "added": 0}
     placeholders = 0
@@ -205,11 +220,13 @@ def measure(conv: Conversation, trace: Trace) -> Figures:
     new = dict.fromkeys(e.handle for e in events if isinstance(e, Offloaded) and e.new)
     compacts = [e.as_record() for e in events if isinstance(e, Compacted)]
     return Figures(segments=segments, client_counts=client_counts,
-                   client_tokens=sum(client_counts) + client_tool_tokens, sent_tokens=trace.prompt,
-                   client_tool_tokens=client_tool_tokens, sent_tool_tokens=trace.tool_tokens,
+                   client_tokens=sum(client_counts) + client_tool_tokens + system, sent_tokens=trace.prompt,
+                   client_tool_tokens=client_tool_tokens, sent_tool_tokens=trace.tool_tokens - system,
                    saved_offload=saved["offload"], saved_compress=saved["compress"], placeholders=placeholders,
                    given=list(given), offloads_new=list(new), compactions=[d["layer"] for d in compacts],
                    compaction_detail=compacts[-1] if compacts else {},
+                   removed=sum(d["before"] - d["after"] for d in compacts),
+                   reserve=conv.wire.output_reserve(conv.body),
                    degraded=any(isinstance(e, Degraded) for e in conv.events))
 
 

@@ -92,6 +92,9 @@ def record(request_id: str, conv: Conversation, trace: Trace, figures: Figures,
             "marks": sorted(conv.unmarked),
             "tools": {"client": conv.wire.tool_names(client_tools(conv)), "client_tokens": figures.client_tool_tokens,
                       "sent": conv.wire.tool_names(tools), "sent_tokens": figures.sent_tool_tokens},
+            # the prompt's size as the headers and the status bar give it; the answer's reserve beside it
+            "prompt": {"client": figures.client_tokens, "sent": figures.sent_tokens, "system": conv.prefix_tokens(),
+                       "output_reserve": figures.reserve},
             "fields": fields, "rounds": rounds}
 
 
@@ -151,7 +154,8 @@ def expand(rec: dict[str, Any], texts: dict[str, Any]) -> dict[str, Any]:
         for answer in rnd["answers"]:
             if answer.get("digest") in texts:  # the whole answer, when the client's content is recorded
                 answer["message"] = texts[answer["digest"]]
-    return {"messages": messages, "tools": rec["tools"], "fields": rec["fields"], "rounds": rec["rounds"],
+    return {"messages": messages, "tools": rec["tools"], "prompt": rec.get("prompt"), "fields": rec["fields"],
+            "rounds": rec["rounds"],
             "client_messages": len(rec["roles"]),
             "client_content": any(d in texts for d in _digests(rec))}
 

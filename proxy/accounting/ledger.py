@@ -41,6 +41,11 @@ class Ledger:
         """What the proxy did to this request, as response headers."""
         return event_headers(self.conv, self.figures, self.check)
 
+    def cacheable(self, status: int) -> int | None:
+        """The turn's cacheable tokens once its hidden rounds are done (the timeline's figure)."""
+        return self.accountant.cacheable(self.conv, self.trace, self.check, self.outcome.accepted, status,
+                                         self.rounds)
+
     def close(self, status: int, error: str | None = None) -> dict[str, Any]:
         """Record how the request ended (once; a second close returns the first's fields)."""
         if self.closed is not None:

@@ -81,7 +81,8 @@ class Metrics:
         self.model_label = ModelLabels.for_settings(settings)
         r = self.registry = CollectorRegistry()
         rm = ("route", "model")
-        self.requests = Counter("ctxproxy_requests", "Chat requests by outcome", (*rm, "status"), registry=r)
+        self.requests = Counter("ctxproxy_requests", "Answers to clients by status (turns, count_tokens, "
+                                "pass-through, the proxy's own refusals)", (*rm, "status"), registry=r)
         self.prompt = Counter("ctxproxy_prompt_tokens", "Prompt tokens billed by the provider", rm, registry=r)
         self.cached = Counter("ctxproxy_cached_tokens", "Prompt tokens the provider served from cache", rm, registry=r)
         self.cacheable = Counter("ctxproxy_cacheable_tokens", "Prompt tokens repeating the session's previous "

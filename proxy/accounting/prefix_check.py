@@ -10,6 +10,7 @@ proxy's own (a compaction).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +54,12 @@ class Trace:
 @dataclass(frozen=True)
 class PrefixCheck:
     cacheable: int  # tokens this request shares byte for byte with the previous one of its session
-    previous: int  # tokens of the previous prompt
+    previous: int  # tokens of the previous prompt (0: the session had none for this model)
     cause: str | None  # why the shared prefix fell short, when it did
+    measured: bool = True  # False: the prompt is not all in the request (the provider holds the history)
+
+
+UNMEASURED = PrefixCheck(0, 0, None, measured=False)
 
 
 def _tools_cause(prev: Trace, cur: Trace) -> str:
@@ -99,3 +104,18 @@ def expiry_cause(check: PrefixCheck, cached: int | None, min_cacheable: int = 10
     if check.cause is None and cached == 0 and check.cacheable >= min_cacheable:
         return "cache expired (prefix intact, nothing cached)"
     return check.cause
+
+
+def hidden_cacheable(first_prompt: int, added: Sequence[int], sent: Sequence[int], first_items: int,
+                     calls: int) -> int:
+    """What a turn's hidden read-back calls could reuse from the provider's cache: each call repeats the
+    whole prompt of the call before it (the read loop only appends), so call k could reuse all of call k-1's.
+
+    `first_prompt`: the tokens of the turn's first call; `added`: the counts of the items the rounds
+    appended; `sent[j]`: how many items hidden call j+1 sent, of which the first call's were `first_items`;
+    `calls`: hidden calls the provider answered. Summed, as the usage of those calls is summed.
+    """
+    prompts = [first_prompt]
+    for items in sent[:max(0, calls - 1)]:
+        prompts.append(first_prompt + sum(added[:items - first_items]))
+    return sum(prompts[:calls])

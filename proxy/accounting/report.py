@@ -3,7 +3,9 @@
 Headers say what *this* request did (`-offloaded-new`, `-tokens-saved`,
 `-compacted`) apart from what is in effect in it (`-offloaded`: the offload
 placeholders it carries, most of them written by earlier requests); they come
-from the request's Figures, as the timeline and the counters do.
+from the request's Figures, as the timeline and the counters do. Every size of
+a prompt (`-prompt-tokens`, `-tokens-before/after`) is the one definition of
+proxy/request.py `prompt_tokens`; the answer's reserve is its own header.
 """
 
 from __future__ import annotations
@@ -32,11 +34,15 @@ def event_headers(conv: Conversation, figures: Figures, check: PrefixCheck | Non
         out["x-ctxproxy-offloaded"] = str(figures.placeholders)
         out["x-ctxproxy-offloaded-new"] = str(len(figures.offloads_new))
     out["x-ctxproxy-tokens-saved"] = str(figures.saved)
+    out["x-ctxproxy-prompt-tokens"] = str(figures.sent_tokens)
     if figures.compacted:
         d = figures.compaction_detail
+        sizes = figures.compaction_sizes()
         out["x-ctxproxy-compacted"] = figures.compacted
-        out["x-ctxproxy-tokens-before"] = str(d["before"])
-        out["x-ctxproxy-tokens-after"] = str(d["after"])
+        out["x-ctxproxy-tokens-before"] = str(sizes["tokens_before"])
+        out["x-ctxproxy-tokens-after"] = str(sizes["tokens_after"])
+        if figures.reserve:  # what the trigger counts beside the prompt
+            out["x-ctxproxy-output-reserve"] = str(figures.reserve)
         if d.get("summary_rejected"):  # why the compaction fell back from a summary
             out["x-ctxproxy-summary-rejected"] = _header_text(d["summary_rejected"])
     for e in conv.events:
@@ -52,7 +58,7 @@ def event_headers(conv: Conversation, figures: Figures, check: PrefixCheck | Non
             out["x-ctxproxy-compress"] = "unavailable: the provider holds the history (previous_response_id)"
         elif isinstance(e, ClientCompacts):
             out["x-ctxproxy-compress"] = "skipped: the client compacts this request itself (compaction_trigger)"
-    if check is not None:
+    if check is not None and check.measured:
         out["x-ctxproxy-cacheable-tokens"] = str(check.cacheable)
         if check.cause:
             out["x-ctxproxy-cache-break"] = check.cause

@@ -2,7 +2,8 @@
 
 The store holds hourly and all-time counters per tenant, route and model
 (written by proxy/accounting/accountant.py), so every replica's requests add up and the
-figures survive restarts.
+figures survive restarts. Ratios are raw (proxy/accounting/counters.py `derived`): an efficiency
+above 1 is shown as it is, never clamped.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from proxy.accounting.accountant import FIELDS, HOUR, derived, stats_prefix
+from proxy.accounting.counters import FIELDS, HOUR, derived, stats_prefix
 from proxy.store import Store
 
 WINDOWS = {"last_hour": 2, "last_day": 25}  # hourly buckets summed: this hour and the ones before it
@@ -23,7 +24,6 @@ def _derived(t: dict[str, float]) -> dict[str, Any]:
     out: dict[str, Any] = {k: t.get(k, 0) for k in FIELDS}
     prompt, cached = out["prompt"], out["cached"]
     out["hit_rate"] = round(cached / out["reported_prompt"], 4) if out["reported_prompt"] else None
-    out["efficiency"] = round(min(cached / out["cacheable"], 1.0), 4) if out["cacheable"] else None
     own_uncached = out["own_prompt"] - out["own_cached"]
     out["effective_cost"] = round(prompt - cached + CACHED_PRICE * cached + own_uncached
                                   + CACHED_PRICE * out["own_cached"], 1)

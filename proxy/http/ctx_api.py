@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from proxy.accounting import inspector
-from proxy.accounting.accountant import (
+from proxy.accounting.counters import (
     INSPECT_MAX,
     SESSIONS_PREFIX,
     inspect_key,
@@ -126,6 +126,10 @@ async def get_request(request: Request) -> Response:
             raise NotFound(f"no request {which!r} in session {wanted!r} (it has {len(timeline)})",
                            code="request_not_found")
         entry = timeline[n - 1]
+        if entry.get("kind", "turn") != "turn":
+            raise NotFound(f"request {n} of session {wanted!r} was no turn ({entry['kind']}, status "
+                           f"{entry.get('status')}): no prompt went upstream for the inspector to show",
+                           code="request_not_found")
         rec = await _inspect_record(store, tenant, wanted, entry["request_id"], n - 1 - len(timeline))
         if rec is None:
             raise NotFound(f"request {n} of session {wanted!r} has no inspector record (only the newest "

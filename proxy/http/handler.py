@@ -33,7 +33,7 @@ SSE = "text/event-stream"
 async def handle(request: Request, wire: Codec) -> Response:
     st, run = state_of(request), RequestRun.start(request, wire)
     try:
-        conv = await parse(st, request, wire)
+        conv = await parse(st, request, wire, run)
         ctx = await context(st, request, conv, run)
         conv = await shape(st.pipelines[ctx.route.name], conv, ctx)
         sent = await send_upstream(st, request, conv, ctx, run)
@@ -43,6 +43,7 @@ async def handle(request: Request, wire: Codec) -> Response:
                       own=usage_from_events(sent.conv), accepted=sent.resp.status_code < 300)
     await st.memo.remember(sent.ctx.tenant, sent.ctx.session, sent.conv)
     ledger = await st.accounting.open(sent.ctx, sent.conv, outcome)
+    run.known.accounted = True  # closed once, however the request ends
     run.headers.update(ledger.headers())
     run.log.update(rewritten=sent.conv.changed, overhead_ms=round(outcome.overhead_s * 1000, 3),
                    upstream_headers_ms=round(outcome.upstream_s * 1000, 3), **event_fields(sent.conv))
@@ -85,6 +86,9 @@ async def _whole(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop:
         else:
             resp, content = await loop.complete(resp)
             run.headers["x-ctxproxy-read-rounds"] = str(loop.done)
+            cacheable = ledger.cacheable(resp.status_code)
+            if loop.done and cacheable is not None:  # the hidden calls' too, as the usage the client gets
+                run.headers["x-ctxproxy-cacheable-tokens"] = str(cacheable)
     except ProxyError as err:
         run.finish(ledger.close(err.status, err.code), status=err.status, error=err.code)
         return error_response(err, wire, run.headers)

@@ -50,7 +50,7 @@ async def messages(request: Request) -> Response:
 
 
 async def count_tokens(request: Request) -> Response:
-    st, run = state_of(request), RequestRun.start(request, MESSAGES)
+    st, run = state_of(request), RequestRun.start(request, MESSAGES, kind="count")
     try:
         raw = await read_request_body(request, st.settings.server)
         conv = await loop_free.parse(raw, COUNTING)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import time
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.errors import ProxyError
+from proxy.http.answers import known
 from proxy.http.relay import client_codec, error_response, query_of, read_body, relay_response, relay_stream
-from proxy.http.request_run import new_request_id
+from proxy.http.request_run import model_in, new_request_id
 from proxy.http.routing import resolve_route
 from proxy.logs import event
 from proxy.state import state_of
@@ -27,14 +27,7 @@ _BUFFER_LIMIT = 1024 * 1024
 
 
 def _model_of(body: bytes, content_type: str) -> str | None:
-    if not body or "json" not in content_type:
-        return None
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    model = parsed.get("model") if isinstance(parsed, dict) else None
-    return model if isinstance(model, str) else None
+    return model_in(body) if body and "json" in content_type else None
 
 
 async def passthrough(request: Request) -> Response:
@@ -43,16 +36,19 @@ async def passthrough(request: Request) -> Response:
     rid = new_request_id()
     log: dict[str, object] = {"request_id": rid, "method": request.method, "path": request.scope["path"]}
     wire = client_codec(request)
+    k = known(request.scope)  # its answer is counted as it starts (proxy/http/answers.py)
+    k.kind, k.request_id = "passthrough", rid
     try:
         body = await read_body(request, st.settings.server, decode=False)  # forwarded as sent, encoding and all
-        route = resolve_route(st.settings, request.path_params.get("route"), request.headers,
-                              _model_of(body, request.headers.get("content-type", "")),
+        k.model = _model_of(body, request.headers.get("content-type", ""))
+        route = resolve_route(st.settings, request.path_params.get("route"), request.headers, k.model,
                               "anthropic" if wire.family == "anthropic" else None)
-        log["route"] = route.name
+        log["route"] = k.route = route.name
         url = upstream_url(route.upstream, request.path_params["path"], query_of(request))
         resp = await st.upstream.send(request.method, url, request_headers(request.headers.items(), route.upstream),
                                       body or None, route.upstream)
     except ProxyError as err:
+        k.error = err.code
         event("request", status=err.status, error=err.code, **log)
         return error_response(err, wire, {"x-ctxproxy-request-id": rid})
     headers = response_headers(resp.headers) + [("x-ctxproxy-request-id", rid), ("x-ctxproxy-route", route.name)]
@@ -62,6 +58,7 @@ async def passthrough(request: Request) -> Response:
         try:
             content = b"".join([c async for c in iter_raw(resp, url)])
         except ProxyError as err:
+            k.error = err.code
             event("request", **{**log, "status": err.status, "error": err.code})
             return error_response(err, wire, {"x-ctxproxy-request-id": rid})
         event("request", **log)

@@ -13,12 +13,14 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy import loop_free
 from proxy.accounting.accountant import Outcome, usage_from_events
 from proxy.errors import ProxyError, UpstreamUnreachable
+from proxy.http.answers import Known, known
 from proxy.http.relay import error_response, read_body
 from proxy.http.routing import api_key_of, resolve_route, session_id, tenant_id
 from proxy.logs import event
@@ -45,17 +47,24 @@ class RequestRun:
     ctx: RequestContext | None = None
     conv: Conversation | None = field(default=None, repr=False)
     wire: Codec | None = None  # the client's API: its errors take that shape
+    known: Known = field(default_factory=Known)  # what counts the answer when no ledger does (proxy/http/answers.py)
 
     @classmethod
-    def start(cls, request: Request, wire: Codec) -> RequestRun:
+    def start(cls, request: Request, wire: Codec, kind: str = "turn") -> RequestRun:
+        """`kind`: turn, or count (count_tokens: rewritten as a turn would be, never a turn itself)."""
         rid = new_request_id()
         log: dict[str, object] = {"request_id": rid, "path": request.scope["path"]}
         if "ctxproxy.transport" in request.scope:  # a turn of a WebSocket (proxy/http/ws_turn.py)
             log["transport"] = request.scope["ctxproxy.transport"]
-        return cls(rid, time.perf_counter(), log, {"x-ctxproxy-request-id": rid}, wire=wire)
+        k = known(request.scope)
+        k.kind, k.request_id = kind, rid
+        return cls(rid, time.perf_counter(), log, {"x-ctxproxy-request-id": rid}, wire=wire, known=k)
 
     def finish(self, fields: dict[str, object], **more: object) -> None:
         """The request's one log line."""
+        error = more.get("error")
+        if isinstance(error, str):
+            self.known.error = error
         self.log.update(fields)
         self.log.update({k: v for k, v in more.items() if v is not None})
         self.log["total_ms"] = round((time.perf_counter() - self.t0) * 1000, 3)
@@ -67,28 +76,50 @@ class RequestRun:
         if self.ctx is not None and self.conv is not None and self.t_sent:
             outcome = Outcome(overhead_s=self.t_sent - self.t0, own=usage_from_events(self.conv))
             ledger = await st.accounting.open(self.ctx, self.conv, outcome)
+            self.known.accounted = True
             fields = ledger.close(err.status, err.code)
         self.finish(fields, status=err.status, error=err.code)
         return error_response(err, self.wire, self.headers)
 
 
-async def parse(st: ProxyState, request: Request, wire: Codec) -> Conversation:
-    """The body, bounded and checked, as the API-neutral conversation (a 4xx for anything malformed)."""
-    return await loop_free.parse(await read_body(request, st.settings.server), wire)
+async def parse(st: ProxyState, request: Request, wire: Codec, run: RequestRun) -> Conversation:
+    """The body, bounded and checked, as the API-neutral conversation (a 4xx for anything malformed).
+    A body refused for its content, not for being unreadable JSON, is still counted under its model."""
+    raw = await read_body(request, st.settings.server)
+    try:
+        return await loop_free.parse(raw, wire)
+    except ProxyError as err:
+        if err.code != "invalid_json":
+            run.known.model = model_in(raw)
+        raise
+
+
+def model_in(raw: bytes) -> str | None:
+    """The `model` of a JSON body, if it names one (for counting a request the proxy refused)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
 
 
 async def context(st: ProxyState, request: Request, conv: Conversation, run: RequestRun) -> RequestContext:
     """Route, tenant, session and window; then the rest of parsing (only items new to the session)."""
+    k = run.known
+    k.model = conv.model
     try:
         ctx = await _context(st, request, conv, run.request_id)
     except Exception:
         await loop_free.check(conv)  # a bad body is reported first, as it always has been
         raise
+    k.route, k.tenant, k.session = ctx.route.name, ctx.tenant, ctx.session
+    # from here a refusal is in the session's timeline: its answer names the session as a turn's does
+    run.headers.update({"x-ctxproxy-route": ctx.route.name, "x-ctxproxy-session": ctx.session})
     await loop_free.check(conv, st.memo.recall(ctx.tenant, ctx.session, conv))
     run.ctx, run.conv = ctx, conv
     run.log.update(route=ctx.route.name, model=ctx.model, session=ctx.session, tenant=ctx.tenant, stream=ctx.stream,
                    messages=len(conv.messages), bytes_in=len(conv.raw))
-    run.headers.update({"x-ctxproxy-route": ctx.route.name, "x-ctxproxy-session": ctx.session})
     return ctx
 
 

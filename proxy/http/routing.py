@@ -111,6 +111,16 @@ def _valid_session(given: str) -> bool:
     return bool(given) and len(given) <= _MAX_SESSION_ID and given.isprintable() and given.isascii()
 
 
+def named_session(headers: Mapping[str, str]) -> str | None:
+    """The session a request names in its headers (X-Session-Id, else Claude Code's own), if it names a usable one:
+    what a request the proxy refuses before reading its body is counted under."""
+    given = headers.get(SESSION_HEADER)
+    if given is None:
+        given = headers.get(CLAUDE_CODE_SESSION_HEADER)
+    given = (given or "").strip()
+    return given if _valid_session(given) else None
+
+
 def session_id(headers: Mapping[str, str], tenant: str, route: Route, conv: Conversation) -> str:
     given = headers.get(SESSION_HEADER)
     if given is not None:

@@ -31,10 +31,12 @@ from proxy.lru import LRU
 from proxy.request import Conversation, RequestContext
 from proxy.rewrite.context_read.tool import read_tool_name
 from proxy.rewrite.events import Offloaded
+from proxy.rewrite.first_send import FirstSend
 from proxy.rewrite.preview import PreviewShape, build_placeholder, error_matcher
 from proxy.rewrite.settings import MIN_THRESHOLD_TOKENS, OffloadSettings, Peers
 from proxy.store.archive import Archive, content_handle
 from proxy.store.decisions import Decisions
+from proxy.store.keys import route_key
 from proxy.tokens.counter import default_counter, is_estimated
 from proxy.wire.codec import Codec, Item, add_call_names, call_names
 
@@ -127,6 +129,7 @@ class Offload:
         self._errors = error_matcher(settings.error_pattern) if settings.preview_error_lines else None
         self._decided: LRU[tuple[str, str], dict[str, Any] | bool] = LRU(_DECISION_CACHE)
         self._handles: LRU[bytes, tuple[str, str]] = LRU(_DECISION_CACHE)  # message digest -> (handle, what)
+        self._first_send = FirstSend()
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         s = self.settings
@@ -142,10 +145,13 @@ class Offload:
             new = False  # whether this request decided it on this route (counted once per route, by that request)
             if decision is None:
                 decision, new = await self._decide(archive, records, conv, messages[i], handle, text, what,
-                                                   read_name, ctx.window)
+                                                   read_name, ctx.window, unsent=ctx.purpose != "turn")
                 self._remember(ctx.tenant, handle, decision or False)
                 if not decision:
                     continue
+            elif decision.get("unsent") and ctx.purpose == "turn":  # stored by a count: the first turn counts it
+                new = await self._first_send.claim(  # per route, as the decision is
+                    ctx.store, route_key(ctx.tenant, ctx.route.name, "sent", DECISION_KIND, handle), archive.ttl)
             messages[i] = conv.wire.with_text(messages[i], decision["placeholder"])
             events.append(Offloaded(handle, decision["tokens"], decision["tokens"] - decision["preview_tokens"], new))
         if events:
@@ -229,9 +235,11 @@ class Offload:
         return known
 
     async def _decide(self, archive: Archive, records: Decisions, conv: Conversation, message: Item, handle: str,
-                      text: str, what: str, read_name: str, window: int) -> tuple[dict[str, Any] | None, bool]:
+                      text: str, what: str, read_name: str, window: int,
+                      unsent: bool) -> tuple[dict[str, Any] | None, bool]:
         """The decision that stands for this content on this route, and whether this call recorded it (False
-        when another request or replica recorded one first)."""
+        when another request or replica recorded one first). `unsent`: recorded by a request that sends no turn
+        (a count), so the first turn that sends it counts it (proxy/rewrite/first_send.py)."""
         s = self.settings
         limit = s.threshold(conv.wire.role(message), window)
         model = conv.model
@@ -246,8 +254,10 @@ class Offload:
         if placeholder is None:
             return None, False
         await archive.put_text(handle, text)
-        decision = {"placeholder": placeholder, "tokens": tokens,
-                    "preview_tokens": default_counter.count_text(placeholder, model)}
+        decision: dict[str, Any] = {"placeholder": placeholder, "tokens": tokens,
+                                    "preview_tokens": default_counter.count_text(placeholder, model)}
+        if unsent:
+            decision["unsent"] = True
         stands = await records.record(DECISION_KIND, handle, decision)
         return stands, stands is decision
 

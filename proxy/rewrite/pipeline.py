@@ -25,6 +25,7 @@ proxy/rewrite/context_read/loop.py); `response_loop` finds it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel
@@ -90,6 +91,7 @@ async def shape(pipeline: list[Transform], conv: Conversation, ctx: RequestConte
     report its usage (hidden again from a client that did not ask, `conv.usage_hidden`)."""
     if purpose == "count":
         pipeline = [t for t in pipeline if getattr(t, "counted", True)]
+        ctx = dataclasses.replace(ctx, purpose="count")
     conv = await run_pipeline(pipeline, conv, ctx)
     if purpose == "turn" and conv.wire.ask_for_usage(conv.body):
         conv.changed = conv.usage_hidden = True

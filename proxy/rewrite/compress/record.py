@@ -24,6 +24,7 @@ written under the route's key, with the next version. Old records expire with
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -46,6 +47,7 @@ class View:
     kept: int  # length of the recorded prefix at the start of `messages`
     upto: int  # raw messages[upto:] follow the prefix verbatim
     version: int
+    unsent: dict[str, Any] | None = None  # the record's compaction, when a count wrote it (proxy/rewrite/first_send.py)
 
     def raw_index(self, i: int) -> int:
         """The client's index of `messages[i]`, for i at or after the recorded prefix."""
@@ -59,6 +61,7 @@ class Record:
     chain: bytes
     layer: str
     prefix: list[Message]
+    unsent: dict[str, Any] | None = None  # as View.unsent
 
 
 class CompactionLog:
@@ -86,13 +89,22 @@ class CompactionLog:
                 return None
             prefix = jsonio.loads(raw)
             cache.put(key, prefix)
-        return Record(head["version"], head["upto"], bytes.fromhex(head["chain"]), head["layer"], prefix)
+        return Record(head["version"], head["upto"], bytes.fromhex(head["chain"]), head["layer"], prefix,
+                      head.get("unsent"))
 
-    async def write(self, version: int, upto: int, chain_at: bytes, layer: str, prefix: list[Message]) -> None:
-        """Prefix first, then the pointer: a reader never sees a pointer to nothing."""
+    async def write(self, version: int, upto: int, chain_at: bytes, layer: str, prefix: list[Message],
+                    unsent: dict[str, Any] | None = None) -> None:
+        """Prefix first, then the pointer: a reader never sees a pointer to nothing. `unsent`: the compaction
+        as its events record it, when the request writing it sends no turn (a count)."""
         await self.store.put(f"{self.base}:{version}", jsonio.dumps(prefix), ttl=self.ttl)
-        await self.store.put_json(self.base, {"version": version, "upto": upto, "chain": chain_at.hex(),
-                                              "layer": layer}, ttl=self.ttl)
+        head: dict[str, Any] = {"version": version, "upto": upto, "chain": chain_at.hex(), "layer": layer}
+        if unsent is not None:
+            head["unsent"] = unsent
+        await self.store.put_json(self.base, head, ttl=self.ttl)
+
+    def sent_key(self, version: int) -> str:
+        """Claimed by the first turn that sends an unsent compaction (proxy/rewrite/first_send.py)."""
+        return f"{self.base}:{version}:sent"
 
 
 def replay(record: Record | None, raw: list[Message], digests: list[bytes], counts: list[int],
@@ -102,4 +114,4 @@ def replay(record: Record | None, raw: list[Message], digests: list[bytes], coun
         return View(raw, counts, 0, 0, record.version if record else 0)
     assert prefix_counts is not None
     return View(record.prefix + raw[record.upto:], prefix_counts + counts[record.upto:], len(record.prefix),
-                record.upto, record.version)
+                record.upto, record.version, record.unsent)

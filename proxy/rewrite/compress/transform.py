@@ -47,6 +47,7 @@ from proxy.rewrite.compress.summarizer import (
 from proxy.rewrite.context_read.tool import read_tool_name
 from proxy.rewrite.context_read.transform import has_placeholders, tools_as_sent
 from proxy.rewrite.events import ClientCompacts, Compacted, CompactionInEffect, HistoryElsewhere
+from proxy.rewrite.first_send import FirstSend
 from proxy.rewrite.marks import PLACEHOLDER_MARK, SUMMARY_OPEN
 from proxy.rewrite.preview import read_call
 from proxy.rewrite.settings import CompressSettings, Peers
@@ -109,6 +110,7 @@ class Compress:
         self._prefixes: LRU[str, list[Any]] = LRU(PREFIX_CACHE)
         self.lock_lease = LOCK_LEASE_S
         self.precomputer = Precomputer(self)
+        self._first_send = FirstSend()
 
     def tail_budget(self, window: int) -> int:
         """Tokens of newest messages kept verbatim (CompressSettings.recent_tokens)."""
@@ -135,15 +137,25 @@ class Compress:
                 await self.precomputer.maybe_start(conv, ctx, log, View(raw, counts, 0, 0, 0), fixed)
             return conv
         view = await self._replayed(conv, log, raw, digests, counts)
+        await self._count_unsent(conv, ctx, log, view)
         over = sum(view.counts) + fixed > s.trigger * ctx.window
         if over and not own:
             view = await self._compact_locked(conv, ctx, log, raw, digests, counts, view, fixed)
+            await self._count_unsent(conv, ctx, log, view)  # one another request wrote while this one waited
         elif not own:
             await self.precomputer.maybe_start(conv, ctx, log, view, fixed)
         if view.kept:
             conv.set_messages(repair_pairing(conv.wire, view.messages))
             conv.events.append(CompactionInEffect(view.version, view.kept))
         return conv
+
+    async def _count_unsent(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, view: View) -> None:
+        """A compaction a count wrote is this turn's to count, if this turn is the first to send it."""
+        if view.unsent is None or ctx.purpose != "turn" or not view.kept:
+            return
+        if await self._first_send.claim(ctx.store, log.sent_key(view.version), log.ttl):
+            d = dict(view.unsent)
+            conv.events.append(Compacted(d.pop("layer"), d.pop("before"), d.pop("after"), d))
 
     async def _replayed(self, conv: Conversation, log: CompactionLog, raw: list[Message], digests: list[bytes],
                         counts: list[int]) -> View:
@@ -182,11 +194,16 @@ class Compress:
                 return view
             cut = new.raw_index(new.kept)
             upto = await offloop.run_unless_light(digests[:cut], chain, digests, cut)  # a hash per message
-            await log.write(view.version + 1, cut, upto[-1], layer, new.messages[:new.kept])
+            # recorded as prompt sizes (proxy/request.py prompt_tokens); the answer's reserve apart
+            reserve = conv.wire.output_reserve(conv.body)
+            extra = fixed - conv.head_tokens()  # reply priming and the reserve: in the trigger, not in the prompt
+            done = Compacted(layer, before - extra, after - extra, {**detail, "output_reserve": reserve})
+            await log.write(view.version + 1, cut, upto[-1], layer, new.messages[:new.kept],
+                            unsent=done.as_record() if ctx.purpose != "turn" else None)
             new.version = view.version + 1
-            conv.events.append(Compacted(layer, before, after, detail))
-            event("compacted", request_id=ctx.request_id, session=ctx.session, layer=layer, tokens_before=before,
-                  tokens_after=after, version=new.version)
+            conv.events.append(done)
+            event("compacted", request_id=ctx.request_id, session=ctx.session, layer=layer,
+                  tokens_before=done.before, tokens_after=done.after, output_reserve=reserve, version=new.version)
             return new
 
     async def _layers(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, view: View,

@@ -49,7 +49,7 @@ SSE = "text/event-stream"
 class ReadLoop:
     """The hidden rounds of one client request: how many, the items as they grew, what each was billed.
 
-    Accounting reads `done`, `messages` and `usages` (proxy/accounting/ledger.py).
+    Accounting reads `done`, `messages`, `usages` and `sent` (proxy/accounting/ledger.py).
     """
 
     def __init__(self, conv: Conversation, shape: ReadShape, tool: ReadTool, archive: Archive, send: Send,
@@ -58,6 +58,7 @@ class ReadLoop:
         self.messages: list[Item] = list(conv.messages)
         self.done = 0
         self.usages: list[Usage] = []
+        self.sent: list[int] = []  # items each hidden call sent: a prefix of `messages` (accounting's cacheable)
 
     @property
     def last(self) -> bool:
@@ -81,6 +82,7 @@ class ReadLoop:
         if usage is not None:
             self.usages.append(usage)
         self.messages += new
+        self.sent.append(len(self.messages))
         self.done += 1
         return payload
 

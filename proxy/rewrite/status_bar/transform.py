@@ -47,6 +47,9 @@ from proxy.wire.codec import Codec, Item
 _SESSIONS_CACHED = 1_000  # sessions whose recorded statuses are kept in process
 _ERRORS_CACHED = 20_000  # tool results whose error look is remembered, by digest
 _PREV_HEX = 16  # hex chars of the preceding message's digest stored with a status
+# Renders of a status until the size it states includes its own tokens (a number's digits rarely change
+# its token count: the second render is almost always exact).
+_FIT_ROUNDS = 4
 
 
 def _has_tool_result(wire: Codec, messages: list[Item]) -> bool:
@@ -152,12 +155,16 @@ class StatusBar:
         clock = await ctx.store.get_json(clock_key) or {"first": now, "last": now}
         await ctx.store.put_json(clock_key, {"first": clock["first"], "last": now})
         model = conv.model
-        msgs = conv.messages
-        used = sum(conv.counts(msgs)) + conv.fixed_tokens()
-        text = self.render(traj, conv, ctx.window, used, now - clock["first"], now - clock["last"], now,
-                           compressed=self.compressed)
-        status = conv.wire.message(self.settings.role, text)
-        if used + default_counter.count_message(status, model) + conv.wire.output_reserve(conv.body) > ctx.window:
+        without_status = conv.prompt_tokens(conv.messages)
+        used = without_status
+        for _ in range(_FIT_ROUNDS):  # the line states the prompt with this status in it: its own tokens too
+            text = self.render(traj, conv, ctx.window, used, now - clock["first"], now - clock["last"], now,
+                               compressed=self.compressed)
+            status = conv.wire.message(self.settings.role, text)
+            stated, used = used, without_status + default_counter.count_message(status, model)
+            if used == stated:
+                break
+        if used + conv.wire.output_reserve(conv.body) > ctx.window:
             conv.events.append(StatusSkipped("would not fit the window"))
             return conv  # the status bar must never be the reason a request is rejected
         conv.set_messages([*conv.messages, status])

@@ -1,0 +1,85 @@
+"""The earlier request a request's cacheable prefix is measured against: the provider's cache, as the proxy sees it.
+
+A provider caches per model: a prompt can only reuse a prefix that an earlier
+prompt to the same model carried. So the previous request of a session is the
+session's previous request *to this model* the provider accepted (Claude Code
+sends its side requests to another model under the same session id; measured
+against those, its main turns looked uncacheable while the provider cached
+them). A session's first request to a model is measured against the opening
+request of the tenant's latest other session on that model: two sessions of one
+agent share their tools and system prompt, which the provider caches for both
+(no break cause is given for that one: it is not the session's own history).
+
+Traces live in the store (they survive restarts and are shared by replicas) and
+in a bounded in-process cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from proxy.accounting.prefix_check import PrefixCheck, Trace, compare
+from proxy.lru import LRU
+from proxy.store import Store, StoreError
+from proxy.store.keys import session_key, tenant_key
+
+TRACES_CACHED = 1_000  # (tenant, session, model) traces kept in process
+
+
+def _model_tag(model: str | None) -> str:
+    """A short, key-safe name for a model (its string is the client's, of any length)."""
+    return hashlib.blake2b((model or "").encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+def trace_key(tenant: str, session: str, model: str | None) -> str:
+    return session_key(tenant, session, "trace", _model_tag(model))
+
+
+def opening_key(tenant: str, model: str | None) -> str:
+    return tenant_key(tenant, "opening", _model_tag(model))
+
+
+class Previous:
+    """Finds and keeps the traces requests are compared with."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._traces: LRU[str, Trace] = LRU(TRACES_CACHED)
+
+    async def _get(self, key: str) -> Trace | None:
+        trace = self._traces.get(key)
+        if trace is None:
+            try:
+                raw = await self.store.get_json(key)
+            except StoreError:
+                return None
+            trace = Trace.from_json(raw) if raw else None
+            if trace is not None:
+                self._traces.put(key, trace)
+        return trace
+
+    async def check(self, tenant: str, session: str, model: str | None, cur: Trace) -> PrefixCheck:
+        """This request against the session's previous accepted one to its model, else the tenant's latest
+        opening on that model (cacheable only: no cause, no previous)."""
+        prev = await self._get(trace_key(tenant, session, model))
+        if prev is not None:
+            return compare(prev, cur)
+        opening = await self._get(opening_key(tenant, model))
+        if opening is None:
+            return PrefixCheck(0, 0, None)
+        return PrefixCheck(compare(opening, cur).cacheable, 0, None)
+
+    def last(self, tenant: str, session: str, model: str | None) -> Trace | None:
+        """The session's previous trace for the model, if this process holds it (for the inspector's texts)."""
+        return self._traces.get(trace_key(tenant, session, model))
+
+    def keep(self, tenant: str, session: str, model: str | None, trace: Trace, opened: bool) -> dict[str, Any]:
+        """Make `trace` the one the next request is compared with; returns the store writes to do.
+        `opened`: it had no previous in its session (it is the tenant's latest opening on its model too)."""
+        writes = {trace_key(tenant, session, model): trace}
+        if opened:
+            writes[opening_key(tenant, model)] = trace
+        for key, t in writes.items():
+            self._traces.put(key, t)
+        return {key: t.to_json() for key, t in writes.items()}

@@ -1,0 +1,110 @@
+"""Every answer the proxy gives a client is counted once: those the request path accounts, and all the others.
+
+A turn the provider was asked is accounted by its ledger (proxy/accounting/ledger.py)
+with everything it measured. Every other answer - the proxy's own refusals (a body
+that is not JSON, an unknown route, a body over the limit, a path it does not serve,
+its own 500), count_tokens, pass-through - is counted here, as its response starts:
+per route, model and status in the counters and /metrics, and in the session's
+timeline when the request names or implies one. A handler says what it knows of its
+request (`known(scope)`): its kind, route, model, tenant, session, error code, and
+whether a ledger accounts it. The proxy's own endpoints (/healthz, /readyz, /metrics,
+/ctx/..., and the icon a browser asks for beside the dashboard) are not client traffic.
+
+A pure ASGI middleware: it wraps `send` to see the status and adds nothing else to
+a request (no body is read or copied).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proxy.errors import ProxyError
+from proxy.http.routing import api_key_of, named_session, resolve_route, tenant_id
+from proxy.state import ProxyState
+
+KNOWN = "ctxproxy.known"  # the scope key of a request's Known
+_OWN_PATHS = ("/healthz", "/readyz", "/metrics", "/ctx/", "/favicon.ico")  # the last: the dashboard's browser
+_ROUTE_PREFIX = "/r/"
+
+
+@dataclass
+class Known:
+    """What a handler learned of its request, for counting its answer."""
+
+    kind: str = "other"  # turn | count | passthrough | other (a path the proxy does not serve)
+    route: str | None = None
+    model: str | None = None
+    tenant: str | None = None
+    session: str | None = None
+    error: str | None = None  # the proxy's error code, when it refused
+    request_id: str | None = None
+    accounted: bool = False  # a ledger records this request: not counted here
+
+
+def known(scope: Scope) -> Known:
+    """The request's Known, made on first use."""
+    found: Known | None = scope.get(KNOWN)
+    if found is None:
+        found = scope[KNOWN] = Known()
+    return found
+
+
+def note_error(scope: Scope, err: ProxyError) -> None:
+    """An error answered by the app's handlers: its code goes with the count."""
+    known(scope).error = err.code
+
+
+class CountEveryAnswer:
+    """The app wrapped so that no answer to a client goes uncounted (the module docstring says which)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith(_OWN_PATHS):
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def counted(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start" and not started:
+                started = True
+                _count(scope, message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted)
+        except Exception:
+            if not started:  # the app's 500, rendered by the outermost error handler
+                known(scope).error = known(scope).error or "internal_error"
+                _count(scope, 500)
+            raise
+
+
+def _count(scope: Scope, status: int) -> None:
+    k = known(scope)
+    if k.accounted:
+        return
+    st: ProxyState | None = getattr(scope["app"].state, "proxy", None)
+    if st is None:  # not started (a request during start-up)
+        return
+    headers = Headers(scope=scope)
+    tenant = k.tenant or tenant_id(api_key_of(headers), st.settings.tenant_salt)
+    session = k.session or named_session(headers)
+    route = k.route if k.route is not None else _route_of(st, scope["path"], headers, k.model)
+    st.accounting.answered(k.kind, k.request_id or "", tenant, route, k.model, session, status, k.error)
+
+
+def _route_of(st: ProxyState, path: str, headers: Mapping[str, str], model: str | None) -> str:
+    """The route a request would have taken, as far as its path and headers say; "" if they name none that
+    exists (a made-up name is never a label)."""
+    named = path[len(_ROUTE_PREFIX):].split("/", 1)[0] if path.startswith(_ROUTE_PREFIX) else None
+    try:
+        return resolve_route(st.settings, named, headers, model).name
+    except ProxyError:
+        return ""
