@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from proxy import offloop
 from proxy.config import Route
 from proxy.store import Store
+from proxy.telemetry import NO_TRACE, RequestTrace
 from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
 from proxy.tokens.encodings import encoding_for_model
 from proxy.tokens.message_facts import MessageFacts
@@ -45,6 +46,7 @@ class RequestContext:
     upstream: Upstream  # for the proxy's own calls (summaries), on the route's upstream
     upstream_headers: list[tuple[str, str]]  # the client's headers as sent upstream (auth included)
     archive_quota: int | None = None  # bytes of stored text the tenant may keep (settings.store_quota_bytes)
+    trace: RequestTrace = NO_TRACE  # its spans (proxy/telemetry/); the no-op while tracing is off
 
 
 class ReadRounds(Protocol):

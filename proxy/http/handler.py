@@ -22,7 +22,7 @@ from proxy.http.request_run import RequestRun, StreamEnd, context, parse, stream
 from proxy.http.send import Sent, send_upstream
 from proxy.rewrite.context_read.loop import ReadLoop
 from proxy.rewrite.pipeline import response_loop, shape
-from proxy.state import state_of
+from proxy.state import ProxyState, state_of
 from proxy.upstream.client import iter_raw, read_body, response_headers
 from proxy.wire.codec import Codec
 from proxy.wire.usage import Usage
@@ -32,6 +32,14 @@ SSE = "text/event-stream"
 
 async def handle(request: Request, wire: Codec) -> Response:
     st, run = state_of(request), RequestRun.start(request, wire)
+    if not st.tracing.on:
+        return await _handle(st, request, wire, run)
+    run.trace = st.tracing.request(request.method, request.scope["path"], request.headers.items(), wire.family)
+    with run.trace.activate():  # the request's span is its stages' parent; it ends with the request (finish)
+        return await _handle(st, request, wire, run)
+
+
+async def _handle(st: ProxyState, request: Request, wire: Codec, run: RequestRun) -> Response:
     try:
         conv = await parse(st, request, wire)
         ctx = await context(st, request, conv, run)
@@ -43,6 +51,8 @@ async def handle(request: Request, wire: Codec) -> Response:
                       own=usage_from_events(sent.conv), accepted=sent.resp.status_code < 300)
     await st.memo.remember(sent.ctx.tenant, sent.ctx.session, sent.conv)
     ledger = await st.accounting.open(sent.ctx, sent.conv, outcome)
+    if run.trace.on:
+        run.trace.opened(ledger)
     run.headers.update(ledger.headers())
     run.log.update(rewritten=sent.conv.changed, overhead_ms=round(outcome.overhead_s * 1000, 3),
                    upstream_headers_ms=round(outcome.upstream_s * 1000, 3), **event_fields(sent.conv))

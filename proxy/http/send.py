@@ -43,14 +43,28 @@ async def send_upstream(st: ProxyState, request: Request, conv: Conversation, ct
                         run: RequestRun) -> Sent:
     url = upstream_url(ctx.route.upstream, conv.wire.path, query_of(request))
 
-    async def send(payload: bytes) -> httpx.Response:
-        return await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
+    async def send(payload: bytes, kind: str = "turn") -> httpx.Response:
+        if not run.trace.on:
+            return await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
+        call = run.trace.upstream(kind, "POST", url, ctx.upstream_headers, ctx.model)
+        try:
+            resp = await st.upstream.send("POST", url, call.headers, payload, ctx.route.upstream)
+        except BaseException as exc:
+            call.failed(exc)
+            raise
+        return call.answered(resp)
+
+    async def retry(payload: bytes) -> httpx.Response:
+        return await send(payload, "retry")
+
+    async def read_round(payload: bytes) -> httpx.Response:
+        return await send(payload, "read_round")
 
     run.t_sent = time.perf_counter()
     resp = await send(await loop_free.to_bytes(conv))
     if resp.status_code == 400 and ctx.model:
-        resp, conv, ctx = await _retry_if_overflow(st, resp, url, send, conv, ctx, run)
-    return Sent(conv, ctx, resp, url, send)
+        resp, conv, ctx = await _retry_if_overflow(st, resp, url, retry, conv, ctx, run)
+    return Sent(conv, ctx, resp, url, read_round)
 
 
 async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, send: Send, conv: Conversation,

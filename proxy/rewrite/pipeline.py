@@ -129,7 +129,11 @@ async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: Reque
             if not counted and getattr(transform, "needs_counts", True):
                 await conv.prepare_counts()
                 counted = True
-            conv = await transform.apply(conv, ctx)
+            if ctx.trace.on:
+                with ctx.trace.phase(f"transform {transform.name}", **{"ctxproxy.transform": transform.name}):
+                    conv = await transform.apply(conv, ctx)
+            else:
+                conv = await transform.apply(conv, ctx)
         if not counted:
             current = "pipeline"
             await conv.prepare_counts()  # accounting counts what is sent
