@@ -150,6 +150,9 @@ def test_one_turn_with_a_hidden_read_round_is_one_trace_matching_its_figures(ups
     offload = next(s for s in transforms if s.name.endswith("offload"))
     assert any(s.parent_span_id == offload.span_id for s in stores), "the offload's writes are its children"
     assert all(s.kind == CLIENT for s in stores)
+    first, second = (c.start_time_unix_nano for c in calls)
+    answered = [s for s in stores if first < s.start_time_unix_nano < second]
+    assert answered and all(s.parent_span_id == server.span_id for s in answered), "the read round's lookups"
 
     a = attrs(server)
     assert a["gen_ai.request.model"] == "gpt-5" and a["gen_ai.provider.name"] == "openai"

@@ -67,6 +67,8 @@ def _streamed(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop: Re
     """Relayed chunk by chunk as it arrives; however the stream ends, the ledger is closed once with how."""
     resp = sent.resp
     chunks = iter_raw(resp, sent.url) if loop is None else loop.stream(resp)
+    if run.trace.on:
+        chunks = run.trace.within(chunks)
 
     def on_usage(usage: Usage) -> None:
         ledger.outcome.usage = usage

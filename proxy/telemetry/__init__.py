@@ -14,7 +14,7 @@ one), so two apps in one process trace apart, and the app's shutdown flushes it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +62,11 @@ class RequestTrace:
         """A CLIENT span for one provider call (`kind`: turn, retry, read_round, summary)."""
         return UpstreamCall()
 
+    def within(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """A streamed answer read with the request's span current (its hidden rounds' store reads nest under
+        it): the stream is relayed after the handler returned, outside the context `activate` set."""
+        return chunks
+
     def opened(self, ledger: Ledger) -> None:
         """The request's accounting, read when the request ends."""
 
@@ -74,8 +79,8 @@ class Tracing:
 
     on = False
 
-    def request(self, method: str, path: str, headers: Sequence[tuple[str, str]], provider: str,
-                log_content: bool = False) -> RequestTrace:
+    def request(self, method: str, path: str, headers: Sequence[tuple[str, str]], provider: str) -> RequestTrace:
+        """The SERVER span of one client request, a child of the client's `traceparent` if it sent one."""
         return NO_TRACE
 
     def store_call(self, op: str) -> AbstractContextManager[None]:

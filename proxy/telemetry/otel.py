@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from opentelemetry import context as otel_context
@@ -33,6 +33,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from proxy.telemetry import Headers, RequestTrace, Tracing, UpstreamCall
 from proxy.telemetry.attributes import minus, request_attributes, usage_attributes
+
+if TYPE_CHECKING:
+    from proxy.accounting.ledger import Ledger
+    from proxy.wire.usage import Usage
 
 SCOPE = "ctxproxy"
 _W3C = TraceContextTextMapPropagator()
@@ -87,8 +91,7 @@ class OtelTracing(Tracing):
         self.provider = provider_from(env)
         self.tracer = self.provider.get_tracer(SCOPE)
 
-    def request(self, method: str, path: str, headers: Sequence[tuple[str, str]], provider: str,
-                log_content: bool = False) -> RequestTrace:
+    def request(self, method: str, path: str, headers: Sequence[tuple[str, str]], provider: str) -> RequestTrace:
         carrier = {k.lower(): v for k, v in headers if k.lower() in _TRACE_HEADERS}
         parent = _W3C.extract(carrier) if carrier else None
         span = self.tracer.start_span(f"ctxproxy {method} {path}", context=parent, kind=SpanKind.SERVER,
@@ -132,7 +135,7 @@ class _Call(UpstreamCall):
         self.span.set_attribute("error.type", type(exc).__name__)
         self.ended_at = time.time_ns()
 
-    def usage(self, usage: Any) -> None:
+    def usage(self, usage: Usage | None) -> None:
         self.span.set_attributes(usage_attributes(usage))
 
     def end(self) -> None:
@@ -162,7 +165,7 @@ class OtelRequestTrace(RequestTrace):
         self.tracer, self.span, self.provider = tracer, span, provider
         self.context = trace.set_span_in_context(span)
         self.calls: list[_Call] = []
-        self.ledger: Any = None
+        self.ledger: Ledger | None = None
         self.done = False
 
     @contextmanager
@@ -204,7 +207,25 @@ class OtelRequestTrace(RequestTrace):
         self.calls.append(call)
         return call
 
-    def opened(self, ledger: Any) -> None:
+    async def within(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        # attached and detached around each step, never across a yield: the same context each time
+        it = aiter(chunks)
+        try:
+            while True:
+                token = otel_context.attach(self.context)
+                try:
+                    chunk = await anext(it)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    otel_context.detach(token)
+                yield chunk
+        finally:
+            close = getattr(it, "aclose", None)
+            if close is not None:
+                await close()
+
+    def opened(self, ledger: Ledger) -> None:
         self.ledger = ledger
 
     def end(self, status: int | None, error: str | None) -> None:
@@ -213,7 +234,7 @@ class OtelRequestTrace(RequestTrace):
         self.done = True
         if self.ledger is not None:
             self.span.set_attributes(request_attributes(self.ledger))
-            self._call_usages()
+            self._call_usages(self.ledger)
         if status is not None:
             self.span.set_attribute("http.response.status_code", status)
         if error or (status or 0) >= 500:
@@ -223,11 +244,11 @@ class OtelRequestTrace(RequestTrace):
             call.end()
         self.span.end()
 
-    def _call_usages(self) -> None:
+    def _call_usages(self, ledger: Ledger) -> None:
         """Each turn call's own usage: the hidden rounds' as reported, the last one's the total less theirs."""
         turn = [c for c in self.calls if c.kind in ("turn", "retry", "read_round")]
         turn = turn[max((i for i, c in enumerate(turn) if c.kind != "read_round"), default=0):]
-        total, rounds = self.ledger.outcome.usage, self.ledger.rounds
+        total, rounds = ledger.outcome.usage, ledger.rounds
         hidden = list(rounds.usages) if rounds is not None else []
         if total is None or not turn or len(hidden) != len(turn) - 1:
             return
