@@ -195,8 +195,7 @@ def test_a_compaction_summary_call_is_a_client_span_under_the_compress_transform
     spans = [s for _, s in receiver.spans]
     compress = next(s for s in spans if s.name == "ctxproxy transform compress")
     summaries = [s for s in spans if attrs(s).get("ctxproxy.upstream.kind") == "summary"]
-    if r.headers.get("x-ctxproxy-compacted") != "summary":
-        pytest.skip(f"no summary compaction in this request: {r.headers.get('x-ctxproxy-compacted')}")
+    assert r.headers.get("x-ctxproxy-compacted") == "summary"
     assert summaries and all(s.kind == CLIENT and s.parent_span_id == compress.span_id for s in summaries)
     assert all("gen_ai.usage.input_tokens" in attrs(s) for s in summaries)
     a = attrs(next(s for s in spans if s.kind == SERVER))
@@ -244,8 +243,25 @@ def test_tracing_off_in_process_exports_nothing(upstream, receiver, tmp_path):
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_SDK_DISABLED": "true"}, False),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_TRACES_EXPORTER": "none"}, False),
     ({"OTEL_SERVICE_NAME": "only-a-name"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, True),
 ])
 def test_tracing_is_on_only_when_an_otlp_endpoint_is_named(env, on):
     from proxy.telemetry import enabled
 
     assert enabled(env) is on
+
+
+def test_without_the_otel_extra_tracing_stays_off_and_says_why():
+    code = """
+import sys
+sys.modules["opentelemetry.sdk"] = None  # as if the extra were not installed
+from proxy.logs import setup_logging
+from proxy.telemetry import OFF, setup
+setup_logging()
+assert setup({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}) is OFF
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "pip install 'ctxproxy[otel]'" in done.stdout + done.stderr
