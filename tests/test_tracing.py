@@ -265,3 +265,25 @@ assert setup({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}) is OFF
                           cwd=Path(__file__).parent.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "pip install 'ctxproxy[otel]'" in done.stdout + done.stderr
+
+
+def test_the_retry_after_a_context_overflow_is_its_own_client_span(upstream, receiver, tmp_path):
+    from test_compress import agent_run
+    from test_offload import TOOLS
+    from test_tenancy_and_paths import _overflow
+
+    raw = {"defaults": {"offload": {"enabled": False}, "status_bar": {"enabled": False},
+                        "compress": {"keep_recent_tokens": 300}}}
+    settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/o.db", env=otel_env(receiver), **raw)
+    upstream.fail_next(400, _overflow(1500, 3000))
+    with InProcessProxy(settings) as proxy:
+        r = proxy.post("/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=30,
+                       json={"model": "local-coder", "messages": agent_run(8), "tools": TOOLS})
+        assert r.status_code == 200 and r.headers["x-ctxproxy-window-learned"] == "1500"
+    spans = [s for _, s in receiver.spans]
+    calls = sorted((s for s in spans if s.name.startswith("chat")), key=lambda s: s.start_time_unix_nano)
+    assert [(attrs(s)["ctxproxy.upstream.kind"], attrs(s)["http.response.status_code"]) for s in calls] == [
+        ("turn", 400), ("summary", 200), ("retry", 200)]  # the retry, rewritten for the learned window
+    assert [rq.headers["traceparent"].split("-")[2] for rq in upstream.requests] == [c.span_id.hex() for c in calls]
+    (server,) = [s for s in spans if s.kind == SERVER]
+    assert server.name == "ctxproxy POST /v1/chat/completions" and attrs(server)["http.response.status_code"] == 200

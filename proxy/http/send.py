@@ -4,11 +4,16 @@ When the provider rejects the request as longer than the model's context
 (`context_length_exceeded` and its other spellings, proxy/upstream/windows.py),
 the window it names is learned for the tenant, route and model, the client's
 request is rewritten again for that window, and sent once more.
+
+Traced (proxy/telemetry/), each call is a CLIENT span of its kind (the turn, the
+retry, a hidden read round) and carries that span's `traceparent`; off, the
+client's headers go as they came.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 
@@ -54,17 +59,12 @@ async def send_upstream(st: ProxyState, request: Request, conv: Conversation, ct
             raise
         return call.answered(resp)
 
-    async def retry(payload: bytes) -> httpx.Response:
-        return await send(payload, "retry")
-
-    async def read_round(payload: bytes) -> httpx.Response:
-        return await send(payload, "read_round")
-
     run.t_sent = time.perf_counter()
     resp = await send(await loop_free.to_bytes(conv))
     if resp.status_code == 400 and ctx.model:
+        retry = functools.partial(send, kind="retry") if run.trace.on else send
         resp, conv, ctx = await _retry_if_overflow(st, resp, url, retry, conv, ctx, run)
-    return Sent(conv, ctx, resp, url, read_round)
+    return Sent(conv, ctx, resp, url, functools.partial(send, kind="read_round") if run.trace.on else send)
 
 
 async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, send: Send, conv: Conversation,
