@@ -3,6 +3,8 @@
 parse → route/session → shape → send (overflow retry) → read-back loop → relay → account.
 Each step is a call into its own module; `handle` only sequences them. The
 accountant is asked once per request (`open`), and its ledger closed once.
+Traced (proxy/telemetry/), the request is one SERVER span current while the
+steps run, ended with the request's log line (a stream's: when it has ended).
 """
 
 from __future__ import annotations
