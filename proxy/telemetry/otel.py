@@ -16,6 +16,7 @@ variables, so the request path only queues ended spans.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -173,6 +174,9 @@ class OtelRequestTrace(RequestTrace):
         token = otel_context.attach(self.context)
         try:
             yield
+        except asyncio.CancelledError:  # the client went away before an answer: the span still ends
+            self.end(None, "cancelled")
+            raise
         except BaseException as exc:  # not a ProxyError (those end the request normally): a proxy bug
             self.span.record_exception(exc)
             self.end(500, "internal_error")
