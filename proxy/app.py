@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ from proxy.logs import log
 from proxy.state import ProxyState, state_of
 from proxy.store import open_store
 from proxy.store.guarded import GuardedStore
+from proxy.telemetry import setup as setup_tracing
 from proxy.tokens.encodings import SHIPPED_ENCODINGS, ensure_encodings, get_encoding
 from proxy.upstream.client import Upstream
 
@@ -44,7 +46,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                              name=settings.store)
         await store.problem()  # a store down at start is a warning in the first lines of the log (it still serves)
         upstream = Upstream()
-        app.state.proxy = ProxyState.create(settings, upstream, store)
+        tracing = store.tracing = setup_tracing(settings.otel_env)  # OFF unless OTEL_* say (README: Tracing)
+        app.state.proxy = ProxyState.create(settings, upstream, store, tracing)
         # Start-up objects (tokenizers, modules) never die: keep them out of the
         # collector's full passes, which otherwise stall every in-flight request.
         gc.collect()
@@ -55,6 +58,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await app.state.proxy.accounting.drain()
             await upstream.aclose()
             await store.close()
+            if tracing.on:  # the spans still queued are exported before the process goes
+                await asyncio.to_thread(tracing.shutdown)
 
     app = FastAPI(title="ctxproxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 

@@ -192,6 +192,9 @@ class Settings(_Strict):
     logging: LoggingSettings = LoggingSettings()
     models: Mapping[str, ModelFacts] = Field(default_factory=dict)
     routes: tuple[Route, ...] = ()
+    # The OTEL_* variables of the environment the settings were read from: tracing is configured from
+    # these alone (proxy/telemetry/), so each app built from settings traces as its own settings say.
+    otel_env: Mapping[str, str] = Field(default_factory=dict)
 
     def route(self, name: str) -> Route | None:
         for r in self.routes:
@@ -346,7 +349,8 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
     return Settings(upstream=upstream, store=file.store, store_timeout=file.store_timeout,
                     store_quota_bytes=file.store_quota_bytes or None, admin_token=admin or None,
                     tenant_salt=env.get("CTXPROXY_TENANT_SALT", file.tenant_salt), server=server_s,
-                    logging=file.logging, models=file.models, routes=tuple(routes))
+                    logging=file.logging, models=file.models, routes=tuple(routes),
+                    otel_env={k: v for k, v in env.items() if k.startswith("OTEL_")})
 
 
 def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:

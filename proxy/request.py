@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from proxy import offloop
 from proxy.config import Route
 from proxy.store import Store
+from proxy.telemetry import NO_TRACE, RequestTrace
 from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
 from proxy.tokens.encodings import encoding_for_model
 from proxy.tokens.message_facts import MessageFacts
@@ -48,6 +49,7 @@ class RequestContext:
     # "count": a count_tokens request, rewritten as a turn would be but never a turn itself: what it stores
     # is marked unsent, for the first turn that sends it to count (proxy/rewrite/first_send.py)
     purpose: Literal["turn", "count"] = "turn"
+    trace: RequestTrace = NO_TRACE  # its spans (proxy/telemetry/); the no-op while tracing is off
 
 
 class ReadRounds(Protocol):

@@ -11,6 +11,7 @@ from proxy.accounting.metrics import Metrics
 from proxy.config import Settings
 from proxy.rewrite.pipeline import Transform, build_pipeline
 from proxy.store import Store
+from proxy.telemetry import OFF, Tracing
 from proxy.tokens.encodings import configure_model_encodings
 from proxy.tokens.session_memo import SessionMemo
 from proxy.upstream.client import Upstream
@@ -27,15 +28,16 @@ class ProxyState:
     accounting: Accountant
     pipelines: dict[str, list[Transform]] = field(default_factory=dict)
     memo: SessionMemo = field(default_factory=SessionMemo)
+    tracing: Tracing = OFF  # proxy/telemetry/: every hook checks `tracing.on` first
 
     @classmethod
-    def create(cls, settings: Settings, upstream: Upstream, store: Store) -> ProxyState:
+    def create(cls, settings: Settings, upstream: Upstream, store: Store, tracing: Tracing = OFF) -> ProxyState:
         configure_model_encodings({m: f.encoding for m, f in settings.models.items() if f.encoding})
         pipelines = {r.name: build_pipeline(r) for r in settings.routes}
         metrics = Metrics(settings)
         return cls(settings=settings, upstream=upstream, store=store, windows=LearnedWindows(store),
                    metrics=metrics, accounting=Accountant(store, metrics, settings.logging.log_content),
-                   pipelines=pipelines)
+                   pipelines=pipelines, tracing=tracing)
 
 
 def state_of(request: Request) -> ProxyState:

@@ -3,6 +3,8 @@
 parse → route/session → shape → send (overflow retry) → read-back loop → relay → account.
 Each step is a call into its own module; `handle` only sequences them. The
 accountant is asked once per request (`open`), and its ledger closed once.
+Traced (proxy/telemetry/), the request is one SERVER span current while the
+steps run, ended with the request's log line (a stream's: when it has ended).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from proxy.http.request_run import RequestRun, StreamEnd, context, parse, stream
 from proxy.http.send import Sent, send_upstream
 from proxy.rewrite.context_read.loop import ReadLoop
 from proxy.rewrite.pipeline import response_loop, shape
-from proxy.state import state_of
+from proxy.state import ProxyState, state_of
 from proxy.upstream.client import iter_raw, read_body, response_headers
 from proxy.wire.codec import Codec
 from proxy.wire.usage import Usage
@@ -32,6 +34,14 @@ SSE = "text/event-stream"
 
 async def handle(request: Request, wire: Codec) -> Response:
     st, run = state_of(request), RequestRun.start(request, wire)
+    if not st.tracing.on:
+        return await _handle(st, request, wire, run)
+    run.trace = st.tracing.request(request.method, request.scope["path"], request.headers.items(), wire.family)
+    with run.trace.activate():  # the request's span is its stages' parent; it ends with the request (finish)
+        return await _handle(st, request, wire, run)
+
+
+async def _handle(st: ProxyState, request: Request, wire: Codec, run: RequestRun) -> Response:
     try:
         conv = await parse(st, request, wire, run)
         ctx = await context(st, request, conv, run)
@@ -44,6 +54,8 @@ async def handle(request: Request, wire: Codec) -> Response:
     await st.memo.remember(sent.ctx.tenant, sent.ctx.session, sent.conv)
     ledger = await st.accounting.open(sent.ctx, sent.conv, outcome)
     run.known.accounted = True  # closed once, however the request ends
+    if run.trace.on:
+        run.trace.opened(ledger)
     run.headers.update(ledger.headers())
     run.log.update(rewritten=sent.conv.changed, overhead_ms=round(outcome.overhead_s * 1000, 3),
                    upstream_headers_ms=round(outcome.upstream_s * 1000, 3), **event_fields(sent.conv))
@@ -58,6 +70,8 @@ def _streamed(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop: Re
     """Relayed chunk by chunk as it arrives; however the stream ends, the ledger is closed once with how."""
     resp = sent.resp
     chunks = iter_raw(resp, sent.url) if loop is None else loop.stream(resp)
+    if run.trace.on:
+        chunks = run.trace.within(chunks)
 
     def on_usage(usage: Usage) -> None:
         ledger.outcome.usage = usage

@@ -27,6 +27,7 @@ from proxy.logs import event
 from proxy.logs import log as logger
 from proxy.request import Conversation, RequestContext
 from proxy.state import ProxyState
+from proxy.telemetry import NO_TRACE, RequestTrace
 from proxy.upstream.client import request_headers
 from proxy.upstream.windows import context_window
 from proxy.wire.codec import Codec
@@ -48,6 +49,7 @@ class RequestRun:
     conv: Conversation | None = field(default=None, repr=False)
     wire: Codec | None = None  # the client's API: its errors take that shape
     known: Known = field(default_factory=Known)  # what counts the answer when no ledger does (proxy/http/answers.py)
+    trace: RequestTrace = NO_TRACE  # its spans (proxy/telemetry/), ended with its log line
 
     @classmethod
     def start(cls, request: Request, wire: Codec, kind: str = "turn") -> RequestRun:
@@ -69,6 +71,9 @@ class RequestRun:
         self.log.update({k: v for k, v in more.items() if v is not None})
         self.log["total_ms"] = round((time.perf_counter() - self.t0) * 1000, 3)
         event("request", **self.log)
+        if self.trace.on:
+            status, error = more.get("status"), more.get("error")
+            self.trace.end(status if isinstance(status, int) else None, error if isinstance(error, str) else None)
 
     async def failed(self, st: ProxyState, err: ProxyError) -> Response:
         """The client's error; a request that reached the upstream step is accounted as one failed request."""
@@ -77,6 +82,8 @@ class RequestRun:
             outcome = Outcome(overhead_s=self.t_sent - self.t0, own=usage_from_events(self.conv))
             ledger = await st.accounting.open(self.ctx, self.conv, outcome)
             self.known.accounted = True
+            if self.trace.on:
+                self.trace.opened(ledger)
             fields = ledger.close(err.status, err.code)
         self.finish(fields, status=err.status, error=err.code)
         return error_response(err, self.wire, self.headers)
@@ -109,7 +116,7 @@ async def context(st: ProxyState, request: Request, conv: Conversation, run: Req
     k = run.known
     k.model = conv.model
     try:
-        ctx = await _context(st, request, conv, run.request_id)
+        ctx = await _context(st, request, conv, run.request_id, run.trace)
     except Exception:
         await loop_free.check(conv)  # a bad body is reported first, as it always has been
         raise
@@ -123,7 +130,8 @@ async def context(st: ProxyState, request: Request, conv: Conversation, run: Req
     return ctx
 
 
-async def _context(st: ProxyState, request: Request, conv: Conversation, request_id: str) -> RequestContext:
+async def _context(st: ProxyState, request: Request, conv: Conversation, request_id: str,
+                   trace: RequestTrace) -> RequestContext:
     model = conv.model
     route = resolve_route(st.settings, request.path_params.get("route"), request.headers, model, conv.wire.family)
     tenant = tenant_id(api_key_of(request.headers), st.settings.tenant_salt)
@@ -135,7 +143,7 @@ async def _context(st: ProxyState, request: Request, conv: Conversation, request
                           archive_quota=st.settings.store_quota_bytes,
                           window=min(window, learned or window), upstream=st.upstream,
                           upstream_headers=request_headers(request.headers.items(), route.upstream,
-                                                           identity_encoding=True))
+                                                           identity_encoding=True), trace=trace)
 
 
 @dataclass

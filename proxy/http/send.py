@@ -4,11 +4,16 @@ When the provider rejects the request as longer than the model's context
 (`context_length_exceeded` and its other spellings, proxy/upstream/windows.py),
 the window it names is learned for the tenant, route and model, the client's
 request is rewritten again for that window, and sent once more.
+
+Traced (proxy/telemetry/), each call is a CLIENT span of its kind (the turn, the
+retry, a hidden read round) and carries that span's `traceparent`; off, the
+client's headers go as they came.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 
@@ -43,14 +48,23 @@ async def send_upstream(st: ProxyState, request: Request, conv: Conversation, ct
                         run: RequestRun) -> Sent:
     url = upstream_url(ctx.route.upstream, conv.wire.path, query_of(request))
 
-    async def send(payload: bytes) -> httpx.Response:
-        return await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
+    async def send(payload: bytes, kind: str = "turn") -> httpx.Response:
+        if not run.trace.on:
+            return await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
+        call = run.trace.upstream(kind, "POST", url, ctx.upstream_headers, ctx.model)
+        try:
+            resp = await st.upstream.send("POST", url, call.headers, payload, ctx.route.upstream)
+        except BaseException as exc:
+            call.failed(exc)
+            raise
+        return call.answered(resp)
 
     run.t_sent = time.perf_counter()
     resp = await send(await loop_free.to_bytes(conv))
     if resp.status_code == 400 and ctx.model:
-        resp, conv, ctx = await _retry_if_overflow(st, resp, url, send, conv, ctx, run)
-    return Sent(conv, ctx, resp, url, send)
+        retry = functools.partial(send, kind="retry") if run.trace.on else send
+        resp, conv, ctx = await _retry_if_overflow(st, resp, url, retry, conv, ctx, run)
+    return Sent(conv, ctx, resp, url, functools.partial(send, kind="read_round") if run.trace.on else send)
 
 
 async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, send: Send, conv: Conversation,

@@ -14,6 +14,7 @@ True unless a transform says otherwise), so no transform stalls the loop.
 
 Containment: whatever a transform raises, the client's request goes upstream
 unmodified (`forward_unmodified`), never a 500 (proxy/rewrite/degrade.py).
+Traced (proxy/telemetry/), each transform's `apply` is a span of the request.
 
 `shape` is the one way a request is made ready to send, for a turn, for the
 retry after a context overflow and for count_tokens alike (a transform with
@@ -131,7 +132,11 @@ async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: Reque
             if not counted and getattr(transform, "needs_counts", True):
                 await conv.prepare_counts()
                 counted = True
-            conv = await transform.apply(conv, ctx)
+            if ctx.trace.on:
+                with ctx.trace.phase(f"transform {transform.name}", **{"ctxproxy.transform": transform.name}):
+                    conv = await transform.apply(conv, ctx)
+            else:
+                conv = await transform.apply(conv, ctx)
         if not counted:
             current = "pipeline"
             await conv.prepare_counts()  # accounting counts what is sent

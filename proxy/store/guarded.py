@@ -36,6 +36,7 @@ from typing import Any
 from proxy.logs import event
 from proxy.store.base import Store, StoreError
 from proxy.store.keys import tenant_key
+from proxy.telemetry import OFF, Tracing
 
 TIMEOUT_S = 0.5  # deadline of one store call (config: store_timeout)
 BACKOFF_S = 0.5  # fail-fast period after the first failure ...
@@ -133,6 +134,7 @@ class GuardedStore:
         self.probing = False  # a probe is in flight: the others fail fast meanwhile
         self.down_since: float | None = None  # monotonic time it was said to be down; None: said up (or unknown)
         self._lag: LoopLag | None = None
+        self.tracing: Tracing = OFF  # the app's (proxy/telemetry/): a span per call made inside a traced request
 
     def _deadline(self, seconds: float) -> Any:
         """The deadline of one call (store_deadline), with this loop's lag monitor (started on first use)."""
@@ -171,7 +173,14 @@ class GuardedStore:
                 self._recovered()
             return result
 
-        return guarded
+        if not self.tracing.on:
+            return guarded
+
+        async def traced(*args: Any, **kwargs: Any) -> Any:
+            with self.tracing.store_call(name):
+                return await guarded(*args, **kwargs)
+
+        return traced
 
     def _admit(self, name: str) -> bool:
         """Let a call through (True if it is the probe), or raise at once while the breaker is open."""

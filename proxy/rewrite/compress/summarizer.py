@@ -28,10 +28,12 @@ import orjson
 from proxy import offloop
 from proxy.config import UpstreamSettings
 from proxy.rewrite.compress.history import Message, text_of
+from proxy.telemetry import NO_TRACE, RequestTrace, UpstreamCall
 from proxy.tokens.counter import default_counter
 from proxy.upstream.client import Upstream, read_body, upstream_url
 from proxy.wire import jsonio
 from proxy.wire.codec import Codec, call_names
+from proxy.wire.usage import parse_usage
 
 SECTIONS = ("Goal and constraints", "Decisions and why", "Files and artifacts", "Verified state",
             "Open TODOs", "Approaches that failed", "Next step")
@@ -146,6 +148,7 @@ class SummarizerTarget:
     max_input_tokens: int
     max_output_tokens: int
     timeout: float
+    trace: RequestTrace = NO_TRACE  # the request's spans: each summary call is one (proxy/telemetry/)
 
 
 def render(wire: Codec, span: Sequence[Message], per_message_chars: int | None = None) -> str:
@@ -191,10 +194,15 @@ async def _send(target: SummarizerTarget, items: list[Message], tools: list[Any]
     body = jsonio.dumps(w.request(target.model, items, tools=tools, extra=extra,
                                   max_output=target.max_output_tokens))
     url = upstream_url(target.settings, w.path, "")
+    call = target.trace.upstream("summary", "POST", url, target.headers, target.model) if target.trace.on else None
     try:
-        resp = await target.upstream.send("POST", url, target.headers, body, target.settings)
+        resp = await target.upstream.send("POST", url, call.headers if call else target.headers, body, target.settings)
+        if call is not None:
+            resp = call.answered(resp)
         content = await read_body(resp, url)
     except Exception as e:  # transport, timeout, or the proxy's own mapping of them
+        if call is not None:
+            call.failed(e)
         raise SummarizerError(f"summarizer request failed: {e}") from e
     if resp.status_code == 400:  # e.g. over the window after all: the other shape may still go through
         raise SummarizerDeclined("summarizer request refused (HTTP 400)")
@@ -209,7 +217,13 @@ async def _send(target: SummarizerTarget, items: list[Message], tools: list[Any]
         raise SummarizerError("summarizer returned an unreadable response")
     if not text.strip():
         raise SummarizerDeclined("summarizer returned no text")
+    if call is not None:
+        _billed(call, w.raw_usage(data))
     return text.strip(), w.raw_usage(data)
+
+
+def _billed(call: UpstreamCall, raw: Any) -> None:
+    call.usage(parse_usage(raw))
 
 
 async def summarize(target: SummarizerTarget, span: Sequence[Message],

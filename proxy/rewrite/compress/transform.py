@@ -357,7 +357,7 @@ class Compress:
             budget = min(budget, int(ctx.window * _SUMMARIZER_WINDOW_SHARE) - answer_tokens)
         target = SummarizerTarget(wire, ctx.upstream, ctx.route.upstream, ctx.upstream_headers,
                                   s.summary_model or model or "gpt-4o-mini", max(budget, _MIN_TRANSCRIPT_TOKENS),
-                                  answer_tokens, s.summary_timeout)
+                                  answer_tokens, s.summary_timeout, ctx.trace)
         facts = s.facts if s.strategy == "facts" else ()
         answer, prefix = None, self._cached_prefix(conv, ctx, view, t)
         if prefix is not None:
