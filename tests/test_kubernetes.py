@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import kubernetes_validate
 import pytest
 import yaml
+from dockerfile import parse
 
 from proxy.config import Settings, build_settings
 
@@ -31,6 +32,7 @@ DEPLOY = REPO / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.37"
 # The CLI's timeout_graceful_shutdown (proxy/cli.py): how long SIGTERM's drain may take.
 DRAIN_SECONDS = 30
+IMAGE = parse((REPO / "Dockerfile").read_text(encoding="utf-8"))
 
 
 def documents(folder: Path) -> list[dict[str, Any]]:
@@ -62,8 +64,8 @@ def secret_value(docs: list[dict[str, Any]], name: str, key: str) -> str:
 
 
 def pod_env(docs: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
-    """The container's environment, Secret references resolved from the Secrets beside it."""
-    env = {}
+    """What the container's process sees: the image's ENV, then the pod's (Secret references resolved)."""
+    env = dict(IMAGE.env) if container["image"].startswith("ctxproxy:") else {}
     for var in container.get("env", []):
         if "value" in var:
             env[var["name"]] = str(var["value"])
@@ -106,9 +108,9 @@ def probe_url(probe: dict[str, Any], container: dict[str, Any]) -> tuple[str, in
 
 
 def dockerfile_user() -> int:
-    m = re.search(r"^USER\s+(\d+)", (REPO / "Dockerfile").read_text(encoding="utf-8"), re.MULTILINE)
-    assert m, "the Dockerfile's USER is numeric, so runAsNonRoot can check it"
-    return int(m.group(1))
+    user = IMAGE.user.partition(":")[0]
+    assert user.isdigit(), f"USER {IMAGE.user}: numeric, so runAsNonRoot can check it"
+    return int(user)
 
 
 # --------------------------------------------------------------------------- the schemas
