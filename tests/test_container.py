@@ -47,6 +47,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from dockerfile import BuildFailed, Image, parse
 
 REPO = Path(__file__).resolve().parent.parent
@@ -394,6 +395,40 @@ def test_sigterm_drains_an_in_flight_stream_then_the_container_stops(built: Buil
         assert "shutdown complete" in c.log.read_text().lower()
     finally:
         stop(c)
+
+
+@pytest.mark.timeout(180)
+def test_the_kubernetes_sidecar_config_serves_in_the_image_and_its_exec_probes_pass(built: Built,
+                                                                                    tmp_path: Path) -> None:
+    """deploy/kubernetes/sidecar's container as the kubelet would run it: its env, its ConfigMap, its probes."""
+    folder = REPO / "deploy" / "kubernetes" / "sidecar"
+    docs = [d for f in sorted(folder.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text(encoding="utf-8"))]
+    secrets = {d["metadata"]["name"]: d["stringData"] for d in docs if d["kind"] == "Secret"}
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (proxy,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    env = {v["name"]: v["value"] if "value" in v else secrets[v["valueFrom"]["secretKeyRef"]["name"]][
+        v["valueFrom"]["secretKeyRef"]["key"]] for v in proxy["env"]}
+    mounted = tmp_path / "config.yaml"  # the ConfigMap volume at posixpath.dirname($CTXPROXY_CONFIG)
+    mounted.write_text(config_map["data"][posixpath.basename(env["CTXPROXY_CONFIG"])])
+    c = start(built, tmp_path / "proxy.log", **{**env, "CTXPROXY_CONFIG": str(mounted)})
+    try:
+        port = c.env["CTXPROXY_PORT"]
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            argv = [a.replace(":8080/", f":{port}/") for a in proxy[kind]["exec"]["command"]]
+            program = shutil.which(argv[0], path=c.env["PATH"])
+            assert program, argv
+            done = subprocess.run([*built.as_user(), program, *argv[1:]], env=c.env, capture_output=True,
+                                  text=True, timeout=proxy[kind]["timeoutSeconds"] + 5 if "timeoutSeconds" in
+                                  proxy[kind] else 10)
+            assert done.returncode == 0, f"{kind}: {done.stderr}"
+        r = httpx.get(c.url + "/ctx/v1/stats", headers={"authorization": f"Bearer {env['CTXPROXY_ADMIN_TOKEN']}"},
+                      timeout=5)
+        assert r.status_code == 200, r.text  # the admin token from the Secret opens /ctx/*
+    finally:
+        stop(c)
+    log = (tmp_path / "proxy.log").read_text()
+    assert f"http://127.0.0.1:{port}" in log and "0.0.0.0" not in log, log  # the pod's loopback only
 
 
 @pytest.mark.timeout(180)
