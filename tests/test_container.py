@@ -318,7 +318,7 @@ def stop(c: Container) -> None:
 # --------------------------------------------------------------------------- the tests
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_the_image_serves_as_its_non_root_user_and_passes_its_healthcheck(built: Built, tmp_path: Path) -> None:
     c = start(built, tmp_path / "proxy.log")
     try:
@@ -336,7 +336,7 @@ def test_the_image_serves_as_its_non_root_user_and_passes_its_healthcheck(built:
     assert Path(built.remap(built.image.env["CTXPROXY_STORE"]).removeprefix("sqlite:///")).is_file()
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_the_tree_is_read_only_to_the_user_except_the_data_volume(built: Built) -> None:
     assert built.image.volumes == ["/data"]
     for image_path in (built.image.workdir, built.image.env["TIKTOKEN_CACHE_DIR"], str(built.venv)):
@@ -348,7 +348,7 @@ def test_the_tree_is_read_only_to_the_user_except_the_data_volume(built: Built) 
     assert done.returncode == 0 and place.exists(), done.stderr
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_the_image_runs_its_own_installed_copy_with_encodings_baked_in(built: Built) -> None:
     done = as_user(built, str(built.venv / "bin" / "python"), "-c", "import proxy; print(proxy.__file__)")
     assert done.returncode == 0, done.stderr
@@ -361,7 +361,7 @@ def test_the_image_runs_its_own_installed_copy_with_encodings_baked_in(built: Bu
     assert not any(p.startswith(("tests/", "bench/", ".git/")) for p in copied)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_sigterm_drains_an_in_flight_stream_then_the_container_stops(built: Built, tmp_path: Path,
                                                                       upstream: Any) -> None:
     assert built.image.stopsignal == "SIGTERM"
@@ -397,7 +397,7 @@ def test_sigterm_drains_an_in_flight_stream_then_the_container_stops(built: Buil
         stop(c)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_the_kubernetes_sidecar_config_serves_in_the_image_and_its_exec_probes_pass(built: Built,
                                                                                     tmp_path: Path) -> None:
     """deploy/kubernetes/sidecar's container as the kubelet would run it: its env, its ConfigMap, its probes."""
@@ -431,13 +431,13 @@ def test_the_kubernetes_sidecar_config_serves_in_the_image_and_its_exec_probes_p
     assert f"http://127.0.0.1:{port}" in log and "0.0.0.0" not in log, log  # the pod's loopback only
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_the_healthcheck_fails_when_nothing_answers(built: Built) -> None:
     check = healthcheck(built, built.env(CTXPROXY_PORT=str(free_port())))
     assert check.returncode != 0
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_a_run_step_naming_a_missing_module_fails_the_build(scratch: Path) -> None:
     text = DOCKERFILE.read_text(encoding="utf-8")
     assert "python -m proxy.tokens.encodings" in text
