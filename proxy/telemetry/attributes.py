@@ -39,11 +39,15 @@ def request_attributes(ledger: Ledger) -> Attributes:
         "ctxproxy.request_id": ctx.request_id, "ctxproxy.route": ctx.route.name, "ctxproxy.session": ctx.session,
         "ctxproxy.tenant": ctx.tenant, "ctxproxy.offloads": f.placeholders,
         "ctxproxy.offloads_new": len(f.offloads_new),
-        "ctxproxy.compactions": len(f.compactions), "ctxproxy.cacheable_tokens": check.cacheable if ok else 0,
+        "ctxproxy.compactions": len(f.compactions),
         "ctxproxy.read_rounds": ledger.rounds.done if ledger.rounds is not None else 0,
         "ctxproxy.own_calls": len(o.own), "ctxproxy.degraded": f.degraded, "ctxproxy.rewritten": ledger.conv.changed,
         **usage_attributes(u),
     }
+    cacheable = ledger.closed.get("cacheable") if ledger.closed is not None else None
+    if cacheable is None:  # not measured (the provider holds the history), or not closed yet: the turn's figure
+        cacheable = ledger.cacheable(o.status or 0) if ok else 0
+    out["ctxproxy.cacheable_tokens"] = cacheable or 0
     if ctx.model:
         out["gen_ai.request.model"] = ctx.model
     if f.compacted:
