@@ -490,8 +490,10 @@ def test_store_outage_forwards_unmodified_fast_and_recovers(upstream, tmp_path, 
         redis.kill()
 
 
-def test_store_that_accepts_connections_but_never_answers_costs_milliseconds(upstream):
+def test_store_that_accepts_connections_but_never_answers_costs_milliseconds(upstream, monkeypatch):
     """Redis behind a relay that swallows every command: no 5-10 s stalls, every request says it is degraded."""
+    monkeypatch.setattr(guarded, "BACKOFF_S", 0.25)  # backoffs of 0.25, 0.5 and 1 s (0.5 s up to 10 s in a server):
+    monkeypatch.setattr(guarded, "MAX_BACKOFF_S", 1.0)  # the 12 requests below still span several of them
     with SilentServer() as silent:
         settings = make_settings(upstream.base_url, silent.url, defaults=OFFLOAD)
         with InProcessProxy(settings) as p, p.http_client(headers=AUTH, timeout=30) as c:
@@ -507,7 +509,7 @@ def test_store_that_accepts_connections_but_never_answers_costs_milliseconds(ups
                 assert r.status_code == 200, r.text
                 assert r.headers.get("x-ctxproxy-degraded") == "store-unavailable"
                 assert upstream.requests[-1].body == raw
-                time.sleep(0.15)
+                time.sleep(0.1)
 
             store = p.state.store
             deadline = time.monotonic() + 30
@@ -551,7 +553,7 @@ def test_sigterm_lets_an_in_flight_stream_finish(tmp_path, upstream):
 
         words = "one two three four five six"
         upstream.script(words)
-        upstream.chunk_delay = 0.3
+        upstream.chunk_delay = 0.1  # the SIGTERM lands after the first chunk: the rest is still in flight
         events: list[Any] = []
         signalled = False
         with httpx.stream("POST", url + "/v1/chat/completions", headers=AUTH, timeout=10,
