@@ -7,8 +7,6 @@ cache rule), written here without importing the simulator.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import struct
@@ -16,12 +14,11 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
-from unittest import mock
 
 import httpx
 import pytest
+from cli_main import run_main
 
-from proxy.cli import main as cli_main
 from proxy.replay import parse, run
 from proxy.replay.simulator import Simulator
 from proxy.replay.threaded_server import ThreadedServer
@@ -46,20 +43,10 @@ def cli_process(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """`ctxproxy replay ...` through the CLI's main in this process: same arguments, output and exit code as
-    the subprocess, without a fresh interpreter and tiktoken load per call. `timeout` is the pytest timeout's."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with mock.patch.dict(os.environ, _cli_env(), clear=True), contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(err):
-        try:
-            cli_main(["replay", *args])
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            if isinstance(exc.code, str):
-                print(exc.code, file=sys.stderr)
-    return subprocess.CompletedProcess(["ctxproxy", "replay", *args], code, out.getvalue(), err.getvalue())
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`ctxproxy replay ...` through the CLI's main in this process (tests/cli_main.py): same arguments, output
+    and exit code as the subprocess, without a fresh interpreter and tiktoken load per call."""
+    return run_main("replay", *args, env=_cli_env())
 
 
 # --------------------------------------------------------------------------- the independent reference
@@ -378,7 +365,7 @@ def _responses_prompt(enc, memo, body):
 
 
 def test_replay_the_examples_as_responses_requests():
-    r = cli("--simulate", "--api", "responses", "--json", timeout=180)
+    r = cli("--simulate", "--api", "responses", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["api"] == "responses" and {t["api"] for t in doc["traces"]} == {"responses"}
@@ -564,7 +551,7 @@ def test_a_native_claude_code_trace_fits_the_window_only_through_the_proxy(monke
 
 
 def test_replay_a_chat_example_as_messages_requests():
-    r = cli("--simulate", "--api", "messages", "--window", "16000", "--json", "21", timeout=180)
+    r = cli("--simulate", "--api", "messages", "--window", "16000", "--json", "21")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["api"] == "messages" and doc["traces"][0]["native"] is False

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from cli_main import run_main
 
 KEY = "sk-live-SECRET-never-logged"
 
@@ -99,8 +100,7 @@ def test_readiness_follows_the_store_and_traffic_flows_regardless(tmp_path, upst
 
 
 def test_serve_with_missing_config_file_explains_in_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "--config", str(tmp_path / "nope.yaml")],
-                       capture_output=True, text=True, timeout=60)
+    r = run_main("serve", "--config", str(tmp_path / "nope.yaml"))  # it stops before serving: main in process
     assert r.returncode == 2 and "config file not found" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -125,8 +125,7 @@ def test_check_warns_about_an_upstream_without_a_version_path(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("routes:\n  - name: bare\n    upstream: {base_url: 'http://127.0.0.1:8000'}\n"
                    "  - name: azure\n    upstream: {base_url: 'https://x.example/openai/v1'}\n")
-    r = subprocess.run([sys.executable, "-m", "proxy.cli", "check", "--config", str(cfg)],
-                       capture_output=True, text=True, timeout=60)
+    r = run_main("check", "--config", str(cfg))
     assert r.returncode == 0
     warnings = [x for x in r.stderr.splitlines() if x.startswith("warning:")]
     assert len(warnings) == 1 and "route bare" in warnings[0] and "/v1" in warnings[0]

@@ -7,12 +7,11 @@ import asyncio
 import base64
 import json
 import socket
-import subprocess
-import sys
 import textwrap
 
 import httpx
 import pytest
+from cli_main import run_main
 from proxy_server import InProcessProxy, ProxyServer, make_settings
 from test_compress import agent_run
 from test_offload import HANDLE, TOOLS, big_log, history, offload_config, sent_messages
@@ -216,8 +215,7 @@ def test_userinfo_in_an_upstream_base_url_is_refused_in_one_line(tmp_path):
           - name: coding
             upstream: {base_url: "https://user:s3cret@llm.example/v1"}
     """))
-    r = subprocess.run([sys.executable, "-m", "proxy.cli", "check", "--config", str(f)],
-                       capture_output=True, text=True, timeout=60)
+    r = run_main("check", "--config", str(f))  # the process: test_redaction.py, a password in `upstream`
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "routes[0].upstream.base_url" in r.stderr and "s3cret" not in r.stderr + r.stdout
 
