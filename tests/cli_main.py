@@ -5,6 +5,7 @@ most CLI tests are about what a command prints and its exit status, which main()
 Each command keeps at least one test that runs it as users do, in a subprocess (`python -m proxy.cli`):
 serve (tests/test_serve.py, test_server_limits.py, test_faults.py), check (test_config.py,
 test_redaction.py), stats (test_cli_stats.py, test_redaction.py), replay (test_replay_cli.py).
+The benchmarks' entry points run the same way (`main=`); each starts as a module in test_bench_package.py.
 """
 
 from __future__ import annotations
@@ -15,17 +16,19 @@ import os
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from unittest import mock
 
-from proxy.cli import main
+import proxy.cli
 
 
-def run_main(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_main(*args: str, env: dict[str, str] | None = None,
+             main: Callable[[list[str]], int | None] = proxy.cli.main) -> subprocess.CompletedProcess[str]:
     """Like `subprocess.run([python, -m, proxy.cli, *args], env=env, capture_output=True, text=True)`.
 
     The environment is exactly `env` (the process's own when None) while main runs; its exit status is
-    that of the process (SystemExit's code; a message given to SystemExit is printed on stderr; an
-    exception is a traceback on stderr and status 1, as the interpreter would print it).
+    that of the process (what main returns, or SystemExit's code; a message given to SystemExit is printed
+    on stderr; an exception is a traceback on stderr and status 1, as the interpreter would print it).
     """
     out, err = io.StringIO(), io.StringIO()
     code = 0
@@ -33,7 +36,7 @@ def run_main(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     with mock.patch.dict(os.environ, environ, clear=True), contextlib.redirect_stdout(out), \
             contextlib.redirect_stderr(err):
         try:
-            main(list(args))
+            code = main(list(args)) or 0
         except SystemExit as exc:
             if exc.code is None or isinstance(exc.code, int):
                 code = exc.code or 0
@@ -43,4 +46,4 @@ def run_main(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         except Exception:  # noqa: BLE001 - what the interpreter does with it: a traceback, status 1
             traceback.print_exc()
             code = 1
-    return subprocess.CompletedProcess(["ctxproxy", *args], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess([main.__module__, *args], code, out.getvalue(), err.getvalue())
