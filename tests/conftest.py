@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -14,10 +15,12 @@ from typing import Any
 import httpx
 import httpx._config
 import httpx._transports.default
+import proxy_server
 import pytest
 from mock_upstream import MockUpstream
 from proxy_server import InProcessProxy, ProxyServer, make_settings
 
+import proxy.app
 from proxy.config import Settings
 
 # Every httpx client (the proxy's upstream client, its aiohttp transports, each test's clients) builds an
@@ -26,6 +29,21 @@ from proxy.config import Settings
 _create_ssl_context = functools.lru_cache(maxsize=None)(httpx._config.create_ssl_context)
 httpx.create_ssl_context = _create_ssl_context
 httpx._transports.default.create_ssl_context = _create_ssl_context  # type: ignore[attr-defined]
+
+# The collector. An app's start-up (proxy/app.py) runs gc.collect() and gc.freeze(), as a server should once per
+# process; every app the suite starts in this process (InProcessProxy, ProxyServer, tests/asgi_proxy.py, the
+# replay's own proxy) skips both: a full collection of the test process costs 0.3-0.7 s, and a freeze would keep
+# each test's objects for good. `ctxproxy serve` in a subprocess still runs them. Instead the suite freezes its
+# own start-up heap once, after collection (~460k objects: the libraries, the test modules): the collector's
+# full passes then walk only what the tests made, not every module of openai, anthropic and hypothesis, and
+# no pass stalls a test's event loop for half a second (a Redis connect timed out in one).
+proxy.app.gc = proxy_server.NoFullCollection(freeze=False)  # type: ignore[attr-defined]
+proxy_server.SERVER_FREEZES = False
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")

@@ -186,16 +186,19 @@ class _AsyncBridge(httpx.AsyncBaseTransport):
 
 
 _GC_LOCK = threading.Lock()
+# A ProxyServer freezes its start-up heap, as a server does, and unfreezes it when it stops (what the in-process
+# benchmarks want). The test suite turns this off (conftest.py): it freezes its own start-up heap once instead.
+SERVER_FREEZES = True
 
 
-class _NoFullCollection:
+class NoFullCollection:
     """proxy.app's `gc` while an app of the suite starts: no gc.collect(), and gc.freeze() only if asked.
 
     In a server they run once per process. In the suite they would run for every test's proxy: a full
-    collection of the whole test process each time (~0.3-0.5 s: the suite starts ~50 ProxyServers and
+    collection of the whole test process each time (~0.3-0.7 s: the suite starts ~50 ProxyServers and
     ~500 InProcessProxies), and a freeze that keeps every object then alive, the test's own, out of the
-    collector for good (the suite's memory grew to 2 GB). A ProxyServer freezes, as a server does, and
-    unfreezes when it stops; an InProcessProxy does neither. `ctxproxy serve` in a subprocess runs both.
+    collector for good (the suite's memory grew to 2 GB). An InProcessProxy never freezes; a ProxyServer
+    does if SERVER_FREEZES. `ctxproxy serve` in a subprocess runs both.
     """
 
     def __init__(self, freeze: bool) -> None:
@@ -217,11 +220,11 @@ class _NoFullCollection:
 async def _lifespan_without_full_collection(app: Any, lifespan: Any, *, freeze: bool) -> AsyncIterator[None]:
     ctx = lifespan(app)
     with _GC_LOCK:  # start-up runs to its first await without yielding: the swap is seen by this app only
-        proxy.app.gc = _NoFullCollection(freeze)  # type: ignore[attr-defined]
+        previous, proxy.app.gc = proxy.app.gc, NoFullCollection(freeze)  # type: ignore[attr-defined]
         try:
             await ctx.__aenter__()
         finally:
-            proxy.app.gc = gc  # type: ignore[attr-defined]
+            proxy.app.gc = previous  # type: ignore[attr-defined]
     try:
         yield
     except BaseException as e:
@@ -390,9 +393,10 @@ class ProxyServer(_Clients):
         super().__init__()
         self.settings = settings
         self.app = create_app(settings)
+        self._freezes = SERVER_FREEZES
         lifespan = self.app.router.lifespan_context  # served by uvicorn: swapped here, not around a call of ours
         self.app.router.lifespan_context = functools.partial(_lifespan_without_full_collection, lifespan=lifespan,
-                                                             freeze=True)
+                                                             freeze=self._freezes)
         self.url = ""
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -425,7 +429,8 @@ class ProxyServer(_Clients):
         if self._server and self._thread:
             self._server.exit_soon()
             self._thread.join(timeout=10)
-            gc.unfreeze()  # what the app's start-up froze (_NoFullCollection)
+            if self._freezes:
+                gc.unfreeze()  # what the app's start-up froze (NoFullCollection)
 
     def __enter__(self) -> ProxyServer:
         self.start()
