@@ -358,7 +358,7 @@ def test_request_rejected_after_parsing_writes_nothing(upstream, tmp_path):
         assert chat(p, {"model": "m", "messages": msgs}, {"x-session-id": "x" * 500}).status_code == 400
         assert chat(p, {"model": "m", "messages": msgs}, {"x-ctx-route": "nope"}).status_code == 404
         assert chat(p, {"model": "m", "messages": msgs + [{"role": "wizard"}]}).status_code == 400
-        time.sleep(0.2)  # let any (wrong) background write land before looking
+        p.settle()  # let any (wrong) background write land before looking
     assert upstream.requests == []
 
     async def everything(store: Any) -> tuple[list[str], dict]:
@@ -388,7 +388,7 @@ def test_provider_failure_after_the_pipeline_is_recorded_as_that_failure(faulty,
     with InProcessProxy(make_settings("http://127.0.0.1:1/v1", url, defaults=OFFLOAD)) as dead:
         r = chat(dead, {"model": "m", "messages": big_tool_history("t2")}, {"x-session-id": "sess-gone"})
         assert_openai_error(r, 502, "upstream_unreachable")
-        time.sleep(0.3)
+        dead.settle()  # its accounting written
         assert all(e["status"] == 502 for e in _timeline(url, "sess-gone"))
         assert 'status="200"' not in dead.get("/metrics", timeout=5).text
 
