@@ -1,4 +1,4 @@
-"""`ctxproxy serve` as a user runs it: a real process, env configuration, JSON logs, readiness, clean stop."""
+"""`ctxproxy serve` as users run it: a real process, env configuration, JSON logs, clean stop; readiness in process."""
 
 from __future__ import annotations
 
@@ -87,16 +87,14 @@ def test_serve_on_embedded_default_with_env_upstream(tmp_path, upstream):
 
 
 @pytest.mark.parametrize("store,ready", [("redis://127.0.0.1:6379/15", True), ("redis://127.0.0.1:1/0", False)])
-def test_readiness_follows_the_store_and_traffic_flows_regardless(tmp_path, upstream, store, ready):
-    s = serve(tmp_path, {"CTXPROXY_UPSTREAM": upstream.base_url, "CTXPROXY_STORE": store})
-    try:
-        r = httpx.get(s.url + "/readyz", timeout=10)
-        assert r.status_code == (200 if ready else 503) and r.json()["store"] is ready
-        chat = httpx.post(s.url + "/v1/chat/completions", headers={"authorization": "Bearer k"},
-                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
-        assert chat.status_code == 200
-    finally:
-        stop(s)
+def test_readiness_follows_the_store_and_traffic_flows_regardless(make_proxy, store, ready):
+    # The app's answer, in process: a store from CTXPROXY_STORE in a real process is test_redaction's serve test.
+    p = make_proxy(store)
+    r = p.get("/readyz", timeout=10)
+    assert r.status_code == (200 if ready else 503) and r.json()["store"] is ready
+    chat = p.post("/v1/chat/completions", headers={"authorization": "Bearer k"},
+                  json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+    assert chat.status_code == 200
 
 
 def test_serve_with_missing_config_file_explains_in_one_line(tmp_path):
