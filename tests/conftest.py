@@ -7,7 +7,8 @@ from __future__ import annotations
 import functools
 import gc
 import itertools
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from proxy_server import InProcessProxy, ProxyServer, make_settings
 
 import proxy.app
 from proxy.config import Settings
+from proxy.tokens.encodings import SeededEncodings, ensure_encodings
 
 # Every httpx client (the proxy's upstream client, its aiohttp transports, each test's clients) builds an
 # SSL context, and building one reads the whole CA bundle (~80 ms): the suite builds thousands, none of
@@ -44,6 +46,23 @@ proxy_server.SERVER_FREEZES = False
 def pytest_collection_finish(session: pytest.Session) -> None:
     gc.collect()
     gc.freeze()
+
+
+# An app's start-up seeds tiktoken's cache directory with the shipped BPE files, hashing each one first (~5 ms of
+# every proxy start, ~600 of them). For the apps the suite starts the files were verified once per directory:
+# the same directory is not hashed again (tests/test_encodings.py calls ensure_encodings itself, on directories
+# of its own, and corrupts files only there).
+_seeded: dict[tuple[str | None, tuple[str, ...] | None], SeededEncodings] = {}
+
+
+def _ensure_encodings_once(names: Sequence[str] | None = None) -> SeededEncodings:
+    key = (os.environ.get("TIKTOKEN_CACHE_DIR"), None if names is None else tuple(names))
+    if key not in _seeded:
+        _seeded[key] = ensure_encodings(names)
+    return _seeded[key]
+
+
+proxy.app.ensure_encodings = _ensure_encodings_once  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
