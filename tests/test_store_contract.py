@@ -480,7 +480,7 @@ FAILS_WITHIN_S = 1.5
 # The per-op failure tests run every Store method against a dead backend; they use a short
 # configured timeout (store_timeout, what open_store passes) so 21 ops x 2 backends do not each
 # wait the 0.5 s default. The defaults are covered by test_default_timeouts_bound_a_dead_backend.
-DEAD_TIMEOUT_S = 0.05
+DEAD_TIMEOUT_S = 0.02
 
 
 @pytest.fixture(scope="module", params=["refused", "never-answers"])
