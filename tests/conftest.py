@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -14,11 +16,14 @@ from typing import Any
 import httpx
 import httpx._config
 import httpx._transports.default
+import proxy_server
 import pytest
 from mock_upstream import MockUpstream
 from proxy_server import InProcessProxy, ProxyServer, make_settings
 
+import proxy.app
 from proxy.config import Settings
+from proxy.tokens.encodings import SeededEncodings, ensure_encodings
 
 # Every httpx client (the proxy's upstream client, its aiohttp transports, each test's clients) builds an
 # SSL context, and building one reads the whole CA bundle (~80 ms): the suite builds thousands, none of
@@ -26,6 +31,38 @@ from proxy.config import Settings
 _create_ssl_context = functools.lru_cache(maxsize=None)(httpx._config.create_ssl_context)
 httpx.create_ssl_context = _create_ssl_context
 httpx._transports.default.create_ssl_context = _create_ssl_context  # type: ignore[attr-defined]
+
+# The collector. An app's start-up (proxy/app.py) runs gc.collect() and gc.freeze(), as a server should once per
+# process; every app the suite starts in this process (InProcessProxy, ProxyServer, tests/asgi_proxy.py, the
+# replay's own proxy) skips both: a full collection of the test process costs 0.3-0.7 s, and a freeze would keep
+# each test's objects for good. `ctxproxy serve` in a subprocess still runs them. Instead the suite freezes its
+# own start-up heap once, after collection (~460k objects: the libraries, the test modules): the collector's
+# full passes then walk only what the tests made, not every module of openai, anthropic and hypothesis, and
+# no pass stalls a test's event loop for half a second (a Redis connect timed out in one).
+proxy.app.gc = proxy_server.NoFullCollection(freeze=False)  # type: ignore[attr-defined]
+proxy_server.SERVER_FREEZES = False
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    gc.collect()
+    gc.freeze()
+
+
+# An app's start-up seeds tiktoken's cache directory with the shipped BPE files, hashing each one first (~5 ms of
+# every proxy start, ~600 of them). For the apps the suite starts the files were verified once per directory:
+# the same directory is not hashed again (tests/test_encodings.py calls ensure_encodings itself, on directories
+# of its own, and corrupts files only there).
+_seeded: dict[tuple[str | None, tuple[str, ...] | None], SeededEncodings] = {}
+
+
+def _ensure_encodings_once(names: Sequence[str] | None = None) -> SeededEncodings:
+    key = (os.environ.get("TIKTOKEN_CACHE_DIR"), None if names is None else tuple(names))
+    if key not in _seeded:
+        _seeded[key] = ensure_encodings(names)
+    return _seeded[key]
+
+
+proxy.app.ensure_encodings = _ensure_encodings_once  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import gc
 import socket
 import threading
@@ -185,16 +186,23 @@ class _AsyncBridge(httpx.AsyncBaseTransport):
 
 
 _GC_LOCK = threading.Lock()
+# A ProxyServer freezes its start-up heap, as a server does, and unfreezes it when it stops (what the in-process
+# benchmarks want). The test suite turns this off (conftest.py): it freezes its own start-up heap once instead.
+SERVER_FREEZES = True
 
 
-class _NoFullCollection:
-    """proxy.app's `gc` while an in-process app starts: no gc.collect() + gc.freeze().
+class NoFullCollection:
+    """proxy.app's `gc` while an app of the suite starts: no gc.collect(), and gc.freeze() only if asked.
 
     In a server they run once per process. In the suite they would run for every test's proxy: a full
-    collection of the whole test process each time (~0.3 s), and a freeze that keeps every object then
-    alive, the test's own, out of the collector for good (the suite's memory grew to 2 GB). A real
-    server (ProxyServer, `ctxproxy serve`) still runs them.
+    collection of the whole test process each time (~0.3-0.7 s: the suite starts ~50 ProxyServers and
+    ~500 InProcessProxies), and a freeze that keeps every object then alive, the test's own, out of the
+    collector for good (the suite's memory grew to 2 GB). An InProcessProxy never freezes; a ProxyServer
+    does if SERVER_FREEZES. `ctxproxy serve` in a subprocess runs both.
     """
+
+    def __init__(self, freeze: bool) -> None:
+        self._freeze = freeze
 
     def __getattr__(self, name: str) -> Any:
         return getattr(gc, name)
@@ -203,20 +211,20 @@ class _NoFullCollection:
     def collect(*_: Any) -> int:
         return 0
 
-    @staticmethod
-    def freeze() -> None:
-        return None
+    def freeze(self) -> None:
+        if self._freeze:
+            gc.freeze()
 
 
 @contextlib.asynccontextmanager
-async def _lifespan_without_gc_freeze(app: Any) -> AsyncIterator[None]:
-    ctx = app.router.lifespan_context(app)
+async def _lifespan_without_full_collection(app: Any, lifespan: Any, *, freeze: bool) -> AsyncIterator[None]:
+    ctx = lifespan(app)
     with _GC_LOCK:  # start-up runs to its first await without yielding: the swap is seen by this app only
-        proxy.app.gc = _NoFullCollection()  # type: ignore[attr-defined]
+        previous, proxy.app.gc = proxy.app.gc, NoFullCollection(freeze)  # type: ignore[attr-defined]
         try:
             await ctx.__aenter__()
         finally:
-            proxy.app.gc = gc  # type: ignore[attr-defined]
+            proxy.app.gc = previous  # type: ignore[attr-defined]
     try:
         yield
     except BaseException as e:
@@ -319,7 +327,7 @@ class InProcessProxy(_Clients):
         self._stopping = asyncio.Event()
         self._main = asyncio.current_task()
         try:
-            async with _lifespan_without_gc_freeze(self.app):
+            async with _lifespan_without_full_collection(self.app, self.app.router.lifespan_context, freeze=False):
                 started.set_result(None)
                 await self._stopping.wait()
         except BaseException as e:  # noqa: BLE001 - start-up or shutdown failure, re-raised in the test
@@ -350,6 +358,34 @@ class InProcessProxy(_Clients):
         self.stop()
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's Server, woken by stop() rather than finding should_exit at its next 0.1 s tick.
+
+    Only the wait between ticks differs (uvicorn's on_tick still decides, every tick, whether to exit):
+    start-up, serving and the graceful shutdown are uvicorn's own.
+    """
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def main_loop(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 0.1)
+
+    def exit_soon(self) -> None:
+        self.should_exit = True
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed: the server has gone
+                loop.call_soon_threadsafe(self._wake.set)
+
+
 class ProxyServer(_Clients):
     """`with ProxyServer(settings) as p:` → p.url is `http://127.0.0.1:PORT`, served by uvicorn as users run it."""
 
@@ -357,8 +393,12 @@ class ProxyServer(_Clients):
         super().__init__()
         self.settings = settings
         self.app = create_app(settings)
+        self._freezes = SERVER_FREEZES
+        lifespan = self.app.router.lifespan_context  # served by uvicorn: swapped here, not around a call of ours
+        self.app.router.lifespan_context = functools.partial(_lifespan_without_full_collection, lifespan=lifespan,
+                                                             freeze=self._freezes)
         self.url = ""
-        self._server: uvicorn.Server | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -373,7 +413,7 @@ class ProxyServer(_Clients):
         config = uvicorn.Config(self.app, loop="asyncio", log_config=None, access_log=False,
                                 timeout_graceful_shutdown=2, server_header=False, date_header=False,
                                 **uvicorn_options(self.settings.server))  # served as `ctxproxy serve` serves
-        self._server = uvicorn.Server(config)
+        self._server = _Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 10
@@ -387,9 +427,10 @@ class ProxyServer(_Clients):
     def stop(self) -> None:
         self._close_clients()
         if self._server and self._thread:
-            self._server.should_exit = True
+            self._server.exit_soon()
             self._thread.join(timeout=10)
-            gc.unfreeze()  # as InProcessProxy.stop
+            if self._freezes:
+                gc.unfreeze()  # what the app's start-up froze (NoFullCollection)
 
     def __enter__(self) -> ProxyServer:
         self.start()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import httpx
@@ -125,7 +124,8 @@ def test_figures_survive_restart_and_add_up_across_replicas(upstream, tmp_path):
     with InProcessProxy(cfg) as p1, InProcessProxy(cfg) as p2:
         for i, p in enumerate((p1, p2, p1, p2)):
             post(p, conversation(i + 1), key=key)
-        time.sleep(0.3)
+        p1.settle()
+        p2.settle()
     with InProcessProxy(cfg) as p3:
         totals = get(p3, "/ctx/v1/stats", key=key)["totals"]["all"]
     assert totals["requests"] == 4 and totals["prompt"] == sum(r.usage["prompt_tokens"] for r in upstream.requests)

@@ -12,18 +12,17 @@ summary calls in the Messages shapes the proxy really builds.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import orjson
+from cli_main import run_main
 
 from bench import fake_llm
 from bench.replay import messages_items as mi
 from bench.replay.apis import MESSAGES as MESSAGES_API
 from bench.replay.apis import billed, cache_written
+from bench.replay.cli import main as replay_main
 from bench.replay.native import NativeMessagesTrace, load_native_messages
 from bench.replay.settings import MODEL
 from bench.replay.traces import load_traces
@@ -180,11 +179,10 @@ def test_billed_reads_anthropics_usage() -> None:
 
 def test_replay_all_three_apis_side_by_side_on_one_trajectory_and_the_claude_code_session() -> None:
     """Client-side settings only (no proxy): a few seconds."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-m", "bench.replay", "--traces-dir", str(ROOT / "proxy" / "examples"),
-                          "--traces", "13", "--window", "32000", "--quiet", "--api", "all", "--native", str(DATA),
-                          "--native-traces", "08", "--settings", "no-proxy,sliding-window-20"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    # `python -m bench.replay` through its main in this process (it starts as a module in test_bench_package.py)
+    out = run_main("--traces-dir", str(ROOT / "proxy" / "examples"), "--traces", "13", "--window", "32000", "--quiet",
+                   "--api", "all", "--native", str(DATA), "--native-traces", "08",
+                   "--settings", "no-proxy,sliding-window-20", main=replay_main)
     assert out.returncode == 0, out.stderr
     assert "## chat, Responses and Messages side by side" in out.stdout
     rows = [ln for ln in out.stdout.splitlines() if ln.startswith("| no-proxy | ")]

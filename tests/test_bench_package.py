@@ -2,12 +2,13 @@
 
 Each one is started here as a user starts it (a subprocess, cwd the repository
 root), so a broken import or a lost option shows up without running a whole
-benchmark. The replay's client-side settings run on one trajectory when the
-corpus is there (`$CTXPROXY_TRACES_DIR`): no proxy involved, a few seconds.
+benchmark. The replay's client-side settings run on one trajectory (no proxy
+involved, a few seconds) through its main in this process (tests/cli_main.py).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -15,11 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_main import run_main
+
+from bench.replay.cli import main as replay_main
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ["all", "replay", "overhead", "overhead.floor", "load", "scaling", "token_count", "precompute", "plot"]
 
 
+@functools.cache  # test_options_kept reads the --help that test_each_benchmark_starts_as_a_module printed
 def _run(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # -m finds bench, tests, proxy from the cwd
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -59,9 +64,8 @@ def test_no_import_path_tricks_or_machine_paths() -> None:
 
 def test_replay_client_side_settings_on_one_trajectory() -> None:
     """On the trajectories shipped in the package, so the corpus beside the repository is not needed."""
-    out = _run("bench.replay", "--traces-dir", str(ROOT / "proxy" / "examples"), "--traces", "13",
-               "--window", "32000", "--quiet",
-               "--settings", "no-proxy,sliding-window-20,middle-out")
+    out = run_main("--traces-dir", str(ROOT / "proxy" / "examples"), "--traces", "13", "--window", "32000", "--quiet",
+                   "--settings", "no-proxy,sliding-window-20,middle-out", main=replay_main)
     assert out.returncode == 0, out.stderr
     assert "| sliding-window-20 |" in out.stdout and "| middle-out |" in out.stdout
     assert "issue" not in out.stdout.lower()

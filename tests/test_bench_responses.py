@@ -11,17 +11,16 @@ the proxy really builds.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import orjson
+from cli_main import run_main
 
 from bench import fake_llm
 from bench.replay.apis import RESPONSES as RESPONSES_API
 from bench.replay.apis import billed
+from bench.replay.cli import main as replay_main
 from bench.replay.native import NativeTrace
 from bench.replay.responses_items import to_items, to_messages, to_request, to_tools
 from proxy.rewrite.compress.summarizer import IN_PLACE_FACT, IN_PLACE_PROMPT, SECTIONS, SYSTEM_PROMPT, render
@@ -164,11 +163,9 @@ def test_the_mock_answers_a_responses_summary_call_with_the_fake_summary(upstrea
 
 def test_replay_both_apis_side_by_side_on_one_trajectory() -> None:
     """Client-side settings only (no proxy), on a trajectory shipped in the package: a few seconds."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-m", "bench.replay", "--traces-dir", str(ROOT / "proxy" / "examples"),
-                          "--traces", "13", "--window", "32000", "--quiet", "--api", "both", "--native", "none",
-                          "--settings", "no-proxy,sliding-window-20"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    # `python -m bench.replay` through its main in this process (it starts as a module in test_bench_package.py)
+    out = run_main("--traces-dir", str(ROOT / "proxy" / "examples"), "--traces", "13", "--window", "32000", "--quiet",
+                   "--api", "both", "--native", "none", "--settings", "no-proxy,sliding-window-20", main=replay_main)
     assert out.returncode == 0, out.stderr
     assert "## chat and Responses side by side" in out.stdout
     rows = [ln for ln in out.stdout.splitlines() if ln.startswith("| no-proxy | ")]

@@ -1,4 +1,8 @@
-"""`ctxproxy stats`: a running proxy's figures as a plain text table, run as users run it (a subprocess)."""
+"""`ctxproxy stats`: a running proxy's figures as a plain text table, from a real proxy on a socket.
+
+The command runs as users run it (a subprocess) where the process is the subject (an unreachable proxy: one
+line, no traceback); its arguments and output through the CLI's main in this process (tests/cli_main.py).
+"""
 
 from __future__ import annotations
 
@@ -15,17 +19,25 @@ from pathlib import Path
 import httpx
 import pytest
 from agent_runs import TOOLS, conversation
+from cli_main import run_main
 from proxy_server import ProxyServer, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _env(env: dict[str, str] | None) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if k != "CTXPROXY_ADMIN_TOKEN"}, **(env or {})}
+
+
+def cli_process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python -m proxy.cli stats ...` as users run it."""
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "stats", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=_env(env), stdin=subprocess.DEVNULL)
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k != "CTXPROXY_ADMIN_TOKEN"}
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "stats", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env={**base, **(env or {})}, stdin=subprocess.DEVNULL)
+    """`ctxproxy stats ...` through main in this process: the same arguments, environment, output and status."""
+    return run_main("stats", *args, env=_env(env))
 
 
 def post(p: ProxyServer, msgs: list[dict], key: str, session: str | None = None, model: str = "gpt-4o") -> None:
@@ -158,7 +170,7 @@ def test_stats_on_an_unreachable_proxy_is_one_line():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-    r = cli("--url", url)
+    r = cli_process("--url", url)  # the one run as users run it
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.startswith(f"ctxproxy: cannot reach the proxy at {url}: "), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

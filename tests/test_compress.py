@@ -217,7 +217,7 @@ def test_an_archived_span_keeps_its_identifiers_in_the_note(upstream, tmp_path):
 def test_hanging_summarizer_times_out_into_a_fallback(upstream, tmp_path):
     with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", summary_timeout=0.3,
                               min_clear_tokens=100_000)) as p:
-        upstream.delay = 1.0
+        upstream.delay_for = lambda req: 1.0 if is_summary_call(req) else 0.0  # only the summary call hangs
         r = post(p, agent_run(20))
     assert r.status_code == 200 and r.headers["x-ctxproxy-compacted"] in ("clear", "archive")
 
@@ -240,9 +240,10 @@ def test_concurrent_requests_of_a_session_summarize_once(upstream, tmp_path):
     assert len({r.body for r in chat_requests(upstream)}) == 1
 
 
-def test_a_holder_killed_mid_compaction_frees_the_session_within_seconds(upstream, tmp_path):
+def test_a_holder_killed_mid_compaction_frees_the_session_within_seconds(upstream, tmp_path, monkeypatch):
     """kill -9 during a summary call leaves the session's lock behind; the next request waits out its short
     lease and compacts, rather than waiting the summary timeout (130 s) and going upstream over the window."""
+    monkeypatch.setattr(compress, "LOCK_LEASE_S", 1.0)  # the lease shortened (5 s in a server): the same wait
     store_url = f"sqlite:///{tmp_path}/c.db"
     session = f"killed-{uuid.uuid4().hex}"
     lock = CompactionLog(open_store(store_url), tenant_id("sk-a", SALT), session, "default", None).lock_name
@@ -273,7 +274,7 @@ def test_a_live_holder_keeps_the_lock_past_its_lease_so_nobody_summarizes_twice(
     monkeypatch.setattr(compress, "LOCK_LEASE_S", 0.5)
     with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
         upstream.script(*[responder] * 20)
-        upstream.delay = 2.0  # the summary call takes four leases
+        upstream.delay_for = lambda req: 2.0 if is_summary_call(req) else 0.0  # the summary call takes four leases
         run = agent_run(24)
 
         async def go() -> list:

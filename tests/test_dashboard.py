@@ -56,8 +56,8 @@ def browse(chromium: str, url: str, tmp_path: Path, *args: str) -> subprocess.Co
     return r
 
 
-def dump_dom(chromium: str, url: str, tmp_path: Path) -> str:
-    dom = browse(chromium, url, tmp_path, "--dump-dom").stdout
+def dump_dom(chromium: str, url: str, tmp_path: Path, *args: str) -> str:
+    dom = browse(chromium, url, tmp_path, "--dump-dom", *args).stdout
     assert "<html" in dom, dom[:500]
     return dom
 
@@ -199,11 +199,10 @@ def test_dashboard_shows_the_stats_and_a_session_timeline(chromium, upstream, tm
         assert totals["requests"] == 6 and totals["breaks"] == 1 and totals["saved_offload"] > 0
         assert totals["hit_rate"] is not None and 0 < totals["hit_rate"] < 1
 
-        url = f"{p.url}/ctx/ui#session={session}"
-        dom = dump_dom(chromium, url, tmp_path)
+        shot = tmp_path / "dashboard.png"  # one page load gives its DOM and its screenshot
+        dom = dump_dom(chromium, f"{p.url}/ctx/ui#session={session}", tmp_path, f"--screenshot={shot}",
+                       f"--window-size={WIDTH},{HEIGHT}")
         all_time = dump_dom(chromium, f"{p.url}/ctx/ui#window=all&session={session}", tmp_path)
-        shot = tmp_path / "dashboard.png"
-        browse(chromium, url, tmp_path, f"--screenshot={shot}", f"--window-size={WIDTH},{HEIGHT}")
 
     assert 'data-state="ready"' in dom
     # headline tiles: the figures of the default window (last day), formatted as the page formats them

@@ -358,7 +358,7 @@ def test_request_rejected_after_parsing_writes_nothing(upstream, tmp_path):
         assert chat(p, {"model": "m", "messages": msgs}, {"x-session-id": "x" * 500}).status_code == 400
         assert chat(p, {"model": "m", "messages": msgs}, {"x-ctx-route": "nope"}).status_code == 404
         assert chat(p, {"model": "m", "messages": msgs + [{"role": "wizard"}]}).status_code == 400
-        time.sleep(0.2)  # let any (wrong) background write land before looking
+        p.settle()  # let any (wrong) background write land before looking
     assert upstream.requests == []
 
     async def everything(store: Any) -> tuple[list[str], dict]:
@@ -393,7 +393,7 @@ def test_provider_failure_after_the_pipeline_is_recorded_as_that_failure(faulty,
     with InProcessProxy(make_settings("http://127.0.0.1:1/v1", url, defaults=OFFLOAD)) as dead:
         r = chat(dead, {"model": "m", "messages": big_tool_history("t2")}, {"x-session-id": "sess-gone"})
         assert_openai_error(r, 502, "upstream_unreachable")
-        time.sleep(0.3)
+        dead.settle()  # its accounting written
         assert all(e["status"] == 502 for e in _timeline(url, "sess-gone"))
         assert 'status="200"' not in dead.get("/metrics", timeout=5).text
 
@@ -495,8 +495,10 @@ def test_store_outage_forwards_unmodified_fast_and_recovers(upstream, tmp_path, 
         redis.kill()
 
 
-def test_store_that_accepts_connections_but_never_answers_costs_milliseconds(upstream):
+def test_store_that_accepts_connections_but_never_answers_costs_milliseconds(upstream, monkeypatch):
     """Redis behind a relay that swallows every command: no 5-10 s stalls, every request says it is degraded."""
+    monkeypatch.setattr(guarded, "BACKOFF_S", 0.25)  # backoffs of 0.25, 0.5 and 1 s (0.5 s up to 10 s in a server):
+    monkeypatch.setattr(guarded, "MAX_BACKOFF_S", 1.0)  # the 12 requests below still span several of them
     with SilentServer() as silent:
         settings = make_settings(upstream.base_url, silent.url, defaults=OFFLOAD)
         with InProcessProxy(settings) as p, p.http_client(headers=AUTH, timeout=30) as c:
@@ -512,7 +514,7 @@ def test_store_that_accepts_connections_but_never_answers_costs_milliseconds(ups
                 assert r.status_code == 200, r.text
                 assert r.headers.get("x-ctxproxy-degraded") == "store-unavailable"
                 assert upstream.requests[-1].body == raw
-                time.sleep(0.15)
+                time.sleep(0.1)
 
             store = p.state.store
             deadline = time.monotonic() + 30
@@ -556,7 +558,7 @@ def test_sigterm_lets_an_in_flight_stream_finish(tmp_path, upstream):
 
         words = "one two three four five six"
         upstream.script(words)
-        upstream.chunk_delay = 0.3
+        upstream.chunk_delay = 0.1  # the SIGTERM lands after the first chunk: the rest is still in flight
         events: list[Any] = []
         signalled = False
         with httpx.stream("POST", url + "/v1/chat/completions", headers=AUTH, timeout=10,

@@ -7,16 +7,14 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import crafted
 import httpx
 import pytest
+from cli_main import run_main
 from proxy_server import InProcessProxy, ProxyServer, make_settings
 
-ROOT = Path(__file__).resolve().parents[1]
 ADMIN = {"x-ctx-admin-token": "s3cret"}
 
 
@@ -37,9 +35,8 @@ def inspect(p: InProcessProxy, session: str, n: int | str, headers: dict) -> htt
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "CTXPROXY_ADMIN_TOKEN"}
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "stats", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+    """`ctxproxy stats ...` through main in this process (tests/cli_main.py), without the admin token's env."""
+    return run_main("stats", *args, env={k: v for k, v in os.environ.items() if k != "CTXPROXY_ADMIN_TOKEN"})
 
 
 def check_against_upstream(data: dict, client: list[dict], sent: dict) -> None:
@@ -61,7 +58,7 @@ def check_against_upstream(data: dict, client: list[dict], sent: dict) -> None:
 
 
 def test_inspector_shows_what_was_sent_upstream(upstream, tmp_path):
-    with ProxyServer(settings(upstream, tmp_path)) as p:  # `ctxproxy inspect --url` in a subprocess: a socket
+    with ProxyServer(settings(upstream, tmp_path)) as p:  # `ctxproxy stats --url` reads it over a socket
         key, session = f"sk-{uuid.uuid4().hex[:8]}", f"insp-{uuid.uuid4().hex[:8]}"
         agent = crafted.drive_summary(p, upstream, key, session)
         client = crafted.summary_requests()
@@ -117,7 +114,7 @@ def test_inspector_shows_what_was_sent_upstream(upstream, tmp_path):
 
 def test_log_content_records_the_clients_messages(upstream, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="ctxproxy")
-    with ProxyServer(settings(upstream, tmp_path, log_content=True)) as p:  # `ctxproxy inspect --url`: a socket
+    with ProxyServer(settings(upstream, tmp_path, log_content=True)) as p:  # `ctxproxy stats --url`: a socket
         key, session = f"sk-{uuid.uuid4().hex[:8]}", f"logged-{uuid.uuid4().hex[:8]}"
         crafted.drive_summary(p, upstream, key, session)
         data = inspect(p, session, 2, {"authorization": f"Bearer {key}"}).json()

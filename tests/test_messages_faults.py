@@ -515,7 +515,7 @@ def test_rejected_messages_requests_store_nothing(upstream, tmp_path):
                      ask(messages=[turns[0], turns[2]]), ask(messages=[{"role": "system", "content": "x"}, *turns])):
             assert_anthropic_error(post(p, body), 400, "invalid_request_error")
         assert_anthropic_error(post(p, ask(messages=turns), {"x-ctx-route": "nope"}), 404)
-        time.sleep(0.2)  # let any (wrong) background write land before looking
+        p.settle()  # let any (wrong) background write land before looking
     assert upstream.requests == []
 
     async def everything() -> tuple[list[str], dict]:

@@ -15,7 +15,7 @@ import httpx
 from proxy_server import InProcessProxy
 from test_compress import SUMMARY, agent_run, chat_requests, is_summary_call, post, responder, settings
 
-SLOW = 0.3  # seconds every summary call takes: long enough that unpaced turns overtake it
+SLOW = 0.15  # seconds every summary call takes: long enough that unpaced turns (~10 ms each) overtake it
 REDIS = "redis://127.0.0.1:6379/14"
 TURNS = 10  # agent_run(10) crosses the trigger once, at its 8th request (window 6,000, nothing clearable)
 

@@ -7,8 +7,6 @@ cache rule), written here without importing the simulator.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import struct
@@ -16,12 +14,11 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
-from unittest import mock
 
 import httpx
 import pytest
+from cli_main import run_main
 
-from proxy.cli import main as cli_main
 from proxy.replay import parse, run
 from proxy.replay.simulator import Simulator
 from proxy.replay.threaded_server import ThreadedServer
@@ -46,20 +43,10 @@ def cli_process(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """`ctxproxy replay ...` through the CLI's main in this process: same arguments, output and exit code as
-    the subprocess, without a fresh interpreter and tiktoken load per call. `timeout` is the pytest timeout's."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with mock.patch.dict(os.environ, _cli_env(), clear=True), contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(err):
-        try:
-            cli_main(["replay", *args])
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            if isinstance(exc.code, str):
-                print(exc.code, file=sys.stderr)
-    return subprocess.CompletedProcess(["ctxproxy", "replay", *args], code, out.getvalue(), err.getvalue())
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`ctxproxy replay ...` through the CLI's main in this process (tests/cli_main.py): same arguments, output
+    and exit code as the subprocess, without a fresh interpreter and tiktoken load per call."""
+    return run_main("replay", *args, env=_cli_env())
 
 
 # --------------------------------------------------------------------------- the independent reference
@@ -92,9 +79,16 @@ def _render(m):
     return s + "<|end|>\n"
 
 
-def _prompt(enc, messages, tools):
+def _prompt(enc, messages, tools, memo=None):
+    """Each piece is encoded on its own; `memo` (piece -> tokens) spares encoding a turn's earlier pieces again."""
+    memo = {} if memo is None else memo
     pieces = (["<|tools|>" + json.dumps(tools)] if tools else []) + [_render(m) for m in messages]
-    return [t for piece in pieces for t in enc.encode_ordinary(piece)]
+    out = []
+    for piece in pieces:
+        if piece not in memo:
+            memo[piece] = enc.encode_ordinary(piece)
+        out += memo[piece]
+    return out
 
 
 def _lcp(a, b):
@@ -110,14 +104,14 @@ def reference_baseline(paths, window):
     """Per turn (status, prompt, cached) and the totals, straight from the documented rules."""
     ensure_encodings()
     enc = get_encoding("o200k_base")
-    earlier, rows = [], []
+    earlier, rows, memo = [], [], {}
     for path in paths:
         data = json.loads(Path(path).read_text())
         messages, tools = data["messages"], data.get("tools")
         for i, m in enumerate(messages):
             if i == 0 or m["role"] != "assistant":
                 continue
-            toks = _prompt(enc, messages[:i], tools)
+            toks = _prompt(enc, messages[:i], tools, memo)
             if len(toks) > window:
                 rows.append((400, len(toks), None))
                 continue
@@ -133,10 +127,13 @@ def reference_baseline(paths, window):
 
 # --------------------------------------------------------------------------- (a) it runs, labelled as a simulation
 
-def test_replay_simulate_prints_the_table_and_the_totals():
-    r = cli_process("--simulate", "28")  # the one run as users run it: `python -m proxy.cli replay`
+def test_replay_simulate_prints_the_table_and_the_totals(tmp_path):
+    png = tmp_path / "28.png"
+    r = cli_process("--simulate", "--plot", str(png), "28")  # the one run as users run it: `python -m proxy.cli replay`
     assert r.returncode == 0, r.stderr
     out = r.stdout
+    assert "API replayed: Chat Completions" in out
+    assert str(png) in out and "red: no proxy" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "SIMULATION" in out and "simulat" in out.lower()
     assert "28_openhands-sdk_claude-sonnet-4_fncall" in out
     for header in ("turn", "agent sent", "provider got", "cached", "what ctxproxy did"):
@@ -168,11 +165,21 @@ def test_replay_without_traces_uses_the_shipped_examples():
 
 # --------------------------------------------------------------------------- (b) the baseline, recomputed
 
-def test_no_proxy_baseline_matches_an_independent_count(tmp_path):
-    window = 8000  # the 24k-character tool result of example 07 does not fit: a rejection, and cache hits
-    r = cli("--simulate", "--window", str(window), "--json", *map(str, EXAMPLES))
+WINDOW = 8000  # the 24k-character tool result of example 07 does not fit: a rejection, and cache hits
+
+
+@pytest.fixture(scope="module")
+def small_window(tmp_path_factory) -> tuple[dict, Path]:
+    """Every example at WINDOW, with its plot: one replay for the baseline test and the plot test."""
+    png = tmp_path_factory.mktemp("plot") / "context.png"
+    r = cli("--simulate", "--window", str(WINDOW), "--json", "--plot", str(png), *map(str, EXAMPLES))
     assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
+    return json.loads(r.stdout), png
+
+
+def test_no_proxy_baseline_matches_an_independent_count(small_window):
+    window = WINDOW
+    doc = small_window[0]
     rows, totals = reference_baseline(EXAMPLES, window)
     got = [(t["no_proxy"]["status"], t["no_proxy"]["prompt"], t["no_proxy"]["cached"]) for t in doc["turns"]]
     assert got == rows
@@ -233,11 +240,9 @@ def _png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
     return w, h, pixels
 
 
-def test_plot_writes_a_png_with_both_lines(tmp_path):
-    out = tmp_path / "context.png"
-    r = cli("--simulate", "--window", "9000", "--plot", str(out))
-    assert r.returncode == 0, r.stderr
-    assert str(out) in r.stdout and "red: no proxy" in r.stdout
+def test_plot_writes_a_png_with_both_lines(small_window):
+    doc, out = small_window  # what the report says of the plot: test_replay_simulate_prints_the_table_and_the_totals
+    assert doc["plot"]["path"] == str(out) and "red: no proxy" in doc["plot"]["legend"]
     w, h, pixels = _png_pixels(out.read_bytes())
     assert w >= 400 and h >= 200 and len(pixels) == w * h
     colours = set(pixels)
@@ -378,7 +383,7 @@ def _responses_prompt(enc, memo, body):
 
 
 def test_replay_the_examples_as_responses_requests():
-    r = cli("--simulate", "--api", "responses", "--json", timeout=180)
+    r = cli("--simulate", "--api", "responses", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["api"] == "responses" and {t["api"] for t in doc["traces"]} == {"responses"}
@@ -399,8 +404,7 @@ def test_replay_the_examples_as_responses_requests():
         want = [sum(items(m) for m in messages[1:i]) for i, m in enumerate(messages)
                 if i > 0 and m["role"] == "assistant"]
         assert [t["messages"] for t in doc["turns"] if t["trace"] == path.stem] == want
-    r = cli("--simulate", "28")
-    assert r.returncode == 0 and "API replayed: Chat Completions" in r.stdout
+    # (a chat replay says "API replayed: Chat Completions": test_replay_simulate_prints_the_table_and_the_totals)
 
 
 def test_a_native_codex_trace_fits_the_window_only_through_the_proxy(monkeypatch, capsys):
@@ -564,7 +568,7 @@ def test_a_native_claude_code_trace_fits_the_window_only_through_the_proxy(monke
 
 
 def test_replay_a_chat_example_as_messages_requests():
-    r = cli("--simulate", "--api", "messages", "--window", "16000", "--json", "21", timeout=180)
+    r = cli("--simulate", "--api", "messages", "--window", "16000", "--json", "21")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["api"] == "messages" and doc["traces"][0]["native"] is False

@@ -1,4 +1,4 @@
-"""`ctxproxy serve` as a user runs it: a real process, env configuration, JSON logs, readiness, clean stop."""
+"""`ctxproxy serve` as users run it: a real process, env configuration, JSON logs, clean stop; readiness in process."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from cli_main import run_main
 
 KEY = "sk-live-SECRET-never-logged"
 
@@ -86,21 +87,18 @@ def test_serve_on_embedded_default_with_env_upstream(tmp_path, upstream):
 
 
 @pytest.mark.parametrize("store,ready", [("redis://127.0.0.1:6379/15", True), ("redis://127.0.0.1:1/0", False)])
-def test_readiness_follows_the_store_and_traffic_flows_regardless(tmp_path, upstream, store, ready):
-    s = serve(tmp_path, {"CTXPROXY_UPSTREAM": upstream.base_url, "CTXPROXY_STORE": store})
-    try:
-        r = httpx.get(s.url + "/readyz", timeout=10)
-        assert r.status_code == (200 if ready else 503) and r.json()["store"] is ready
-        chat = httpx.post(s.url + "/v1/chat/completions", headers={"authorization": "Bearer k"},
-                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
-        assert chat.status_code == 200
-    finally:
-        stop(s)
+def test_readiness_follows_the_store_and_traffic_flows_regardless(make_proxy, store, ready):
+    # The app's answer, in process: a store from CTXPROXY_STORE in a real process is test_redaction's serve test.
+    p = make_proxy(store)
+    r = p.get("/readyz", timeout=10)
+    assert r.status_code == (200 if ready else 503) and r.json()["store"] is ready
+    chat = p.post("/v1/chat/completions", headers={"authorization": "Bearer k"},
+                  json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+    assert chat.status_code == 200
 
 
 def test_serve_with_missing_config_file_explains_in_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "--config", str(tmp_path / "nope.yaml")],
-                       capture_output=True, text=True, timeout=60)
+    r = run_main("serve", "--config", str(tmp_path / "nope.yaml"))  # it stops before serving: main in process
     assert r.returncode == 2 and "config file not found" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -125,8 +123,7 @@ def test_check_warns_about_an_upstream_without_a_version_path(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("routes:\n  - name: bare\n    upstream: {base_url: 'http://127.0.0.1:8000'}\n"
                    "  - name: azure\n    upstream: {base_url: 'https://x.example/openai/v1'}\n")
-    r = subprocess.run([sys.executable, "-m", "proxy.cli", "check", "--offline", "--config", str(cfg)],
-                       capture_output=True, text=True, timeout=60)  # offline: these hosts are not asked
+    r = run_main("check", "--offline", "--config", str(cfg))  # offline: these hosts are not asked
     assert r.returncode == 0
     warnings = [x for x in r.stderr.splitlines() if x.startswith("warning:")]
     assert len(warnings) == 1 and "route bare" in warnings[0] and "/v1" in warnings[0]

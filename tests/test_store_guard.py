@@ -20,7 +20,7 @@ from silent_server import SilentServer
 from proxy.store import RedisStore, StoreError
 from proxy.store.guarded import GuardedStore
 
-DEADLINE = 0.2
+DEADLINE = 0.1
 BACKOFF = 0.1
 # The client's own socket timeout is left long (SOCKET_TIMEOUT): the guard's deadline must hold by
 # itself. A call that is still pending after CLIENT_CAP was not bounded by the guard (it would have
@@ -36,10 +36,10 @@ async def silent() -> AsyncIterator[SilentServer]:
         yield server
 
 
-def guard(server: SilentServer, max_backoff: float = 10.0) -> GuardedStore:
+def guard(server: SilentServer, max_backoff: float = 10.0, backoff: float = BACKOFF) -> GuardedStore:
     inner = RedisStore(server.url, prefix=f"ctxproxy-test:{uuid.uuid4().hex}:", connect_timeout=SOCKET_TIMEOUT,
                        socket_timeout=SOCKET_TIMEOUT)
-    return GuardedStore(inner, timeout=DEADLINE, backoff=BACKOFF, max_backoff=max_backoff)
+    return GuardedStore(inner, timeout=DEADLINE, backoff=backoff, max_backoff=max_backoff)
 
 
 async def fails_at_the_deadline(call: Coroutine[Any, Any, Any]) -> StoreError:
@@ -111,7 +111,8 @@ async def test_after_the_backoff_only_one_call_probes_and_the_others_fail_fast(s
 
 
 async def test_backoff_doubles_with_each_failed_probe_up_to_its_cap(silent: SilentServer) -> None:
-    g = guard(silent, max_backoff=BACKOFF * 4)
+    first = BACKOFF / 2  # the waits below are the backoffs themselves: 0.05, 0.1, then 0.2 three times
+    g = guard(silent, max_backoff=first * 4, backoff=first)
     backoffs = []
     for _ in range(5):
         before = time.monotonic()
@@ -120,7 +121,7 @@ async def test_backoff_doubles_with_each_failed_probe_up_to_its_cap(silent: Sile
         # The breaker opened at the failure, which happened between `before` and `after`, for its backoff.
         backoffs.append((before, g.open_until, after))
         await asyncio.sleep(max(0.0, g.open_until - time.monotonic()) + 0.01)
-    expected = [BACKOFF, BACKOFF * 2, BACKOFF * 4, BACKOFF * 4, BACKOFF * 4]
+    expected = [first, first * 2, first * 4, first * 4, first * 4]
     for (before, until, after), e in zip(backoffs, expected, strict=True):
         assert before + e <= until <= after + e, (backoffs, expected)
     await g.close()

@@ -7,12 +7,11 @@ import asyncio
 import base64
 import json
 import socket
-import subprocess
-import sys
 import textwrap
 
 import httpx
 import pytest
+from cli_main import run_main
 from proxy_server import InProcessProxy, ProxyServer, make_settings
 from test_compress import agent_run
 from test_offload import HANDLE, TOOLS, big_log, history, offload_config, sent_messages
@@ -189,13 +188,21 @@ def _raw_request(url: str, target: str) -> int:
     return int(status.split()[1])
 
 
+@pytest.fixture(scope="module")
+def served(mock_upstream, tmp_path_factory):
+    """The raw request line is the subject (a client library would not send it): a real server, one for the
+    module's path tests, which only send requests that are refused or read /v1/models."""
+    db = tmp_path_factory.mktemp("served") / "c.db"
+    with ProxyServer(make_settings(mock_upstream.base_url, f"sqlite:///{db}", **offload_config())) as p:
+        yield p
+
+
 @pytest.mark.parametrize("prefix", ["/v1/models", "/r/default/v1/"])
 @pytest.mark.parametrize("bad", ["%00", "%09", "%7f", "%1b", "a%00b/c"])
-@pytest.mark.proxy_config(real=True)  # the raw request line is the subject: a client library would not send it
-def test_control_characters_in_the_path_get_400(proxy, upstream, prefix, bad):
-    assert _raw_request(proxy.url, prefix + bad) == 400
+def test_control_characters_in_the_path_get_400(served, upstream, prefix, bad):
+    assert _raw_request(served.url, prefix + bad) == 400
     assert upstream.requests == []
-    assert proxy.get("/healthz").status_code == 200
+    assert served.get("/healthz").status_code == 200
 
 
 def test_userinfo_in_an_upstream_base_url_is_refused_in_one_line(tmp_path):
@@ -208,23 +215,28 @@ def test_userinfo_in_an_upstream_base_url_is_refused_in_one_line(tmp_path):
           - name: coding
             upstream: {base_url: "https://user:s3cret@llm.example/v1"}
     """))
-    r = subprocess.run([sys.executable, "-m", "proxy.cli", "check", "--config", str(f)],
-                       capture_output=True, text=True, timeout=60)
+    r = run_main("check", "--config", str(f))  # the process: test_redaction.py, a password in `upstream`
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "routes[0].upstream.base_url" in r.stderr and "s3cret" not in r.stderr + r.stdout
 
 
 # ---- clients stay inside the route's base path
 
-@pytest.fixture
-def keyed(upstream, tmp_path, monkeypatch):
-    """A route whose upstream key the proxy injects: climbing out of its base path would carry that key."""
-    monkeypatch.setenv("CTX_TEST_ROUTE_KEY", "sk-injected")
-    cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/k.db",
-                        routes=[{"name": "team", "upstream": {"base_url": upstream.base_url,
-                                                              "api_key_env": "CTX_TEST_ROUTE_KEY"}}])
-    with ProxyServer(cfg) as p:  # raw request lines (a client library normalises dot segments): a real server
-        yield p
+@pytest.fixture(scope="module")
+def keyed(mock_upstream, tmp_path_factory):
+    """A route whose upstream key the proxy injects: climbing out of its base path would carry that key.
+
+    Raw request lines (a client library normalises dot segments): a real server, one for the module's tests
+    of it (each gets the mock freshly reset through `upstream`). The key is read from the environment per request.
+    """
+    db = tmp_path_factory.mktemp("keyed") / "k.db"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CTX_TEST_ROUTE_KEY", "sk-injected")
+        cfg = make_settings(mock_upstream.base_url, f"sqlite:///{db}",
+                            routes=[{"name": "team", "upstream": {"base_url": mock_upstream.base_url,
+                                                                  "api_key_env": "CTX_TEST_ROUTE_KEY"}}])
+        with ProxyServer(cfg) as p:
+            yield p
 
 
 @pytest.mark.parametrize("tail", [
