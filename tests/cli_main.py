@@ -17,6 +17,7 @@ import subprocess
 import sys
 import traceback
 from collections.abc import Callable
+from typing import Any
 from unittest import mock
 
 import proxy.cli
@@ -47,3 +48,23 @@ def run_main(*args: str, env: dict[str, str] | None = None,
             traceback.print_exc()
             code = 1
     return subprocess.CompletedProcess([main.__module__, *args], code, out.getvalue(), err.getvalue())
+
+
+def run_side_by_side(*commands: list[str], timeout: float = 60, **popen: Any) -> list[subprocess.CompletedProcess[str]]:
+    """`subprocess.run(command, capture_output=True, text=True)` of each command, the processes running at once.
+
+    For tests that start several short processes whose runs do not depend on each other: an interpreter's
+    start-up is mostly waiting on imports, which two cores overlap."""
+    procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              **popen) for c in commands]
+    done = []
+    try:
+        for c, proc in zip(commands, procs):
+            out, err = proc.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(c, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done

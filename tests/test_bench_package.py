@@ -8,7 +8,6 @@ involved, a few seconds) through its main in this process (tests/cli_main.py).
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import subprocess
@@ -16,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_main import run_main
+from cli_main import run_main, run_side_by_side
 
 from bench.replay.cli import main as replay_main
 
@@ -24,30 +23,32 @@ ROOT = Path(__file__).resolve().parents[1]
 MODULES = ["all", "replay", "overhead", "overhead.floor", "load", "scaling", "token_count", "precompute", "plot"]
 
 
-@functools.cache  # test_options_kept reads the --help that test_each_benchmark_starts_as_a_module printed
-def _run(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def helps() -> dict[str, subprocess.CompletedProcess[str]]:
+    """`python -m bench.<name> --help` of every benchmark, the processes side by side (each is mostly imports)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # -m finds bench, tests, proxy from the cwd
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    runs = run_side_by_side(*([sys.executable, "-m", f"bench.{name}", "--help"] for name in MODULES), timeout=120,
+                            cwd=ROOT, env=env)
+    return dict(zip(MODULES, runs))
 
 
 @pytest.mark.parametrize("name", MODULES)
-def test_each_benchmark_starts_as_a_module(name: str) -> None:
-    out = _run(f"bench.{name}", "--help")
+def test_each_benchmark_starts_as_a_module(name: str, helps: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    out = helps[name]
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage: ")
 
 
-def test_options_kept() -> None:
+def test_options_kept(helps: dict[str, subprocess.CompletedProcess[str]]) -> None:
     """The options the published command lines use are still there."""
-    replay = _run("bench.replay", "--help").stdout
+    replay = helps["replay"].stdout
     for opt in ("--window", "--settings", "--traces", "--traces-dir", "--json", "--proxy-mode", "--final-turn",
                 "--proxy-src", "--per-trace", "--quiet", "--api", "--native"):
         assert opt in replay
-    overhead = _run("bench.overhead", "--help").stdout
+    overhead = helps["overhead"].stdout
     for opt in ("--quick", "--json", "--max-seconds", "--proxy-cmd", "--keep-log", "--litellm"):
         assert opt in overhead
-    load = _run("bench.load", "--help").stdout
+    load = helps["load"].stdout
     for opt in ("--quick", "--hostile", "--concurrency", "--duration", "--streams", "--agents", "--delay",
                 "--chunk-delay", "--no-profile", "--proxy-cmd", "--keep-log", "--json", "--md", "--max-seconds"):
         assert opt in load

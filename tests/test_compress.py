@@ -274,7 +274,7 @@ def test_a_live_holder_keeps_the_lock_past_its_lease_so_nobody_summarizes_twice(
     monkeypatch.setattr(compress, "LOCK_LEASE_S", 0.5)
     with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/c.db", min_clear_tokens=100_000)) as p:
         upstream.script(*[responder] * 20)
-        upstream.delay_for = lambda req: 2.0 if is_summary_call(req) else 0.0  # the summary call takes four leases
+        upstream.delay_for = lambda req: 1.5 if is_summary_call(req) else 0.0  # the summary call takes three leases
         run = agent_run(24)
 
         async def go() -> list:
@@ -283,7 +283,7 @@ def test_a_live_holder_keeps_the_lock_past_its_lease_so_nobody_summarizes_twice(
                     return c.post("/v1/chat/completions", headers={"authorization": "Bearer sk-a"},
                                   json={"model": MODEL, "messages": run, "tools": TOOLS})
                 first = asyncio.ensure_future(send())
-                await asyncio.sleep(1.0)  # two leases into the first request's summary call
+                await asyncio.sleep(0.75)  # a lease and a half into the first request's summary call
                 second = asyncio.ensure_future(send())
                 return [await first, await second]
         responses = asyncio.run(go())

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 
 import pytest
+from cli_main import run_side_by_side
 
 from proxy.config import DEFAULT_UPSTREAM, build_settings, load_settings
 from proxy.errors import ConfigError
@@ -79,13 +79,11 @@ def test_cli_reports_invalid_config_in_one_line(tmp_path):
           - name: coding
             upstream: {base_url: not-a-url}
     """))
-    r = subprocess.run([sys.executable, "-m", "proxy.cli", "check", "--config", str(f)],
-                       capture_output=True, text=True, timeout=60)
+    r, ok = run_side_by_side([sys.executable, "-m", "proxy.cli", "check", "--config", str(f)],
+                             [sys.executable, "-m", "proxy.cli", "check", "--offline", "--config", "config.yaml"])
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "routes[0].upstream.base_url" in r.stderr
     assert "Traceback" not in r.stderr
-    ok = subprocess.run([sys.executable, "-m", "proxy.cli", "check", "--offline", "--config", "config.yaml"],
-                        capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "route local" in ok.stdout
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import test_serve
+from cli_main import run_side_by_side
 
 from proxy.logs import JsonFormatter
 from proxy.redact import redact
@@ -19,10 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SECRET = "s3cr3t-PASSWORD"
 
 
-def run(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def _env(env: dict[str, str] | None = None) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
+    return {**base, "PYTHONPATH": str(ROOT), **(env or {})}
+
+
+def run(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "proxy.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=60, env={**base, "PYTHONPATH": str(ROOT), **(env or {})}, stdin=subprocess.DEVNULL)
+                          timeout=60, env=_env(env), stdin=subprocess.DEVNULL)
 
 
 def test_redact_masks_passwords_and_keeps_the_rest():
@@ -45,10 +50,13 @@ def test_check_prints_store_and_upstream_urls_without_passwords(tmp_path):
 
 
 def test_check_never_prints_an_upstream_password_accepted_or_refused(tmp_path):
-    for base_url in (f"https://user:{SECRET}@api.example.com/v1", f"ftp://user:{SECRET}@api.example.com/v1"):
-        cfg = tmp_path / "c.yaml"
-        cfg.write_text(json.dumps({"upstream": {"base_url": base_url}}))
-        r = run("check", "--config", str(cfg))
+    configs = []
+    for i, base_url in enumerate((f"https://user:{SECRET}@api.example.com/v1",
+                                  f"ftp://user:{SECRET}@api.example.com/v1")):
+        configs.append(tmp_path / f"c{i}.yaml")
+        configs[-1].write_text(json.dumps({"upstream": {"base_url": base_url}}))
+    for r in run_side_by_side(*([sys.executable, "-m", "proxy.cli", "check", "--config", str(c)] for c in configs),
+                              cwd=ROOT, env=_env()):
         assert SECRET not in r.stdout + r.stderr, (r.stdout, r.stderr)
         assert "Traceback" not in r.stderr
         # Credentials in an upstream URL are refused (test_tenancy_and_paths); the refusal names the key only.
