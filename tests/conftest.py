@@ -39,7 +39,7 @@ httpx._transports.default.create_ssl_context = _create_ssl_context  # type: igno
 # own start-up heap once, after collection (~460k objects: the libraries, the test modules): the collector's
 # full passes then walk only what the tests made, not every module of openai, anthropic and hypothesis, and
 # no pass stalls a test's event loop for half a second (a Redis connect timed out in one).
-proxy.app.gc = proxy_server.NoFullCollection(freeze=False)  # type: ignore[attr-defined]
+proxy.app.gc = proxy_server.NoFullCollection()  # type: ignore[attr-defined]
 proxy_server.SERVER_FREEZES = False
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
 import gc
 import socket
 import threading
@@ -186,23 +185,21 @@ class _AsyncBridge(httpx.AsyncBaseTransport):
 
 
 _GC_LOCK = threading.Lock()
-# A ProxyServer freezes its start-up heap, as a server does, and unfreezes it when it stops (what the in-process
-# benchmarks want). The test suite turns this off (conftest.py): it freezes its own start-up heap once instead.
+# A ProxyServer's app starts as a server does (gc.collect(), gc.freeze(): what the in-process benchmarks want),
+# and what it froze is unfrozen when it stops. The test suite sets this False (conftest.py): there no app
+# collects or freezes (proxy.app's gc is a NoFullCollection for the whole run), and the freeze of the suite's
+# own start-up heap must outlast every server.
 SERVER_FREEZES = True
 
 
 class NoFullCollection:
-    """proxy.app's `gc` while an app of the suite starts: no gc.collect(), and gc.freeze() only if asked.
+    """proxy.app's `gc` while an in-process app starts: no gc.collect() + gc.freeze().
 
     In a server they run once per process. In the suite they would run for every test's proxy: a full
-    collection of the whole test process each time (~0.3-0.7 s: the suite starts ~50 ProxyServers and
-    ~500 InProcessProxies), and a freeze that keeps every object then alive, the test's own, out of the
-    collector for good (the suite's memory grew to 2 GB). An InProcessProxy never freezes; a ProxyServer
-    does if SERVER_FREEZES. `ctxproxy serve` in a subprocess runs both.
+    collection of the whole test process each time (0.3-0.7 s), and a freeze that keeps every object then
+    alive, the test's own, out of the collector for good (the suite's memory grew to 2 GB). `ctxproxy serve`
+    in a subprocess still runs them.
     """
-
-    def __init__(self, freeze: bool) -> None:
-        self._freeze = freeze
 
     def __getattr__(self, name: str) -> Any:
         return getattr(gc, name)
@@ -211,16 +208,16 @@ class NoFullCollection:
     def collect(*_: Any) -> int:
         return 0
 
-    def freeze(self) -> None:
-        if self._freeze:
-            gc.freeze()
+    @staticmethod
+    def freeze() -> None:
+        return None
 
 
 @contextlib.asynccontextmanager
-async def _lifespan_without_full_collection(app: Any, lifespan: Any, *, freeze: bool) -> AsyncIterator[None]:
-    ctx = lifespan(app)
+async def _lifespan_without_gc_freeze(app: Any) -> AsyncIterator[None]:
+    ctx = app.router.lifespan_context(app)
     with _GC_LOCK:  # start-up runs to its first await without yielding: the swap is seen by this app only
-        previous, proxy.app.gc = proxy.app.gc, NoFullCollection(freeze)  # type: ignore[attr-defined]
+        previous, proxy.app.gc = proxy.app.gc, NoFullCollection()  # type: ignore[attr-defined]
         try:
             await ctx.__aenter__()
         finally:
@@ -327,7 +324,7 @@ class InProcessProxy(_Clients):
         self._stopping = asyncio.Event()
         self._main = asyncio.current_task()
         try:
-            async with _lifespan_without_full_collection(self.app, self.app.router.lifespan_context, freeze=False):
+            async with _lifespan_without_gc_freeze(self.app):
                 started.set_result(None)
                 await self._stopping.wait()
         except BaseException as e:  # noqa: BLE001 - start-up or shutdown failure, re-raised in the test
@@ -393,10 +390,7 @@ class ProxyServer(_Clients):
         super().__init__()
         self.settings = settings
         self.app = create_app(settings)
-        self._freezes = SERVER_FREEZES
-        lifespan = self.app.router.lifespan_context  # served by uvicorn: swapped here, not around a call of ours
-        self.app.router.lifespan_context = functools.partial(_lifespan_without_full_collection, lifespan=lifespan,
-                                                             freeze=self._freezes)
+        self._unfreeze = SERVER_FREEZES
         self.url = ""
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -429,8 +423,8 @@ class ProxyServer(_Clients):
         if self._server and self._thread:
             self._server.exit_soon()
             self._thread.join(timeout=10)
-            if self._freezes:
-                gc.unfreeze()  # what the app's start-up froze (NoFullCollection)
+            if self._unfreeze:
+                gc.unfreeze()  # what the app's start-up froze (SERVER_FREEZES)
 
     def __enter__(self) -> ProxyServer:
         self.start()

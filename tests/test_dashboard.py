@@ -17,7 +17,6 @@ import subprocess
 import time
 import uuid
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
@@ -61,12 +60,6 @@ def dump_dom(chromium: str, url: str, tmp_path: Path, *args: str) -> str:
     dom = browse(chromium, url, tmp_path, "--dump-dom", *args).stdout
     assert "<html" in dom, dom[:500]
     return dom
-
-
-def dump_doms(chromium: str, tmp_path: Path, *pages: tuple[str, ...]) -> list[str]:
-    """dump_dom of each (url, *args), the browsers side by side: each run is a browser of its own."""
-    with ThreadPoolExecutor(len(pages)) as pool:
-        return list(pool.map(lambda page: dump_dom(chromium, page[0], tmp_path, *page[1:]), pages))
 
 
 def text_of(dom: str, element_id: str) -> str:
@@ -207,10 +200,9 @@ def test_dashboard_shows_the_stats_and_a_session_timeline(chromium, upstream, tm
         assert totals["hit_rate"] is not None and 0 < totals["hit_rate"] < 1
 
         shot = tmp_path / "dashboard.png"  # one page load gives its DOM and its screenshot
-        dom, all_time = dump_doms(
-            chromium, tmp_path,
-            (f"{p.url}/ctx/ui#session={session}", f"--screenshot={shot}", f"--window-size={WIDTH},{HEIGHT}"),
-            (f"{p.url}/ctx/ui#window=all&session={session}",))
+        dom = dump_dom(chromium, f"{p.url}/ctx/ui#session={session}", tmp_path, f"--screenshot={shot}",
+                       f"--window-size={WIDTH},{HEIGHT}")
+        all_time = dump_dom(chromium, f"{p.url}/ctx/ui#window=all&session={session}", tmp_path)
 
     assert 'data-state="ready"' in dom
     # headline tiles: the figures of the default window (last day), formatted as the page formats them
@@ -255,8 +247,9 @@ def test_dashboard_shows_the_stats_and_a_session_timeline(chromium, upstream, tm
 
 def test_dashboard_asks_for_the_admin_token_and_handles_no_data(chromium, upstream, tmp_path):
     with ProxyServer(proxy_settings(upstream, tmp_path, env={"CTXPROXY_ADMIN_TOKEN": "s3cret"})) as p:
-        refused, wrong, empty = dump_doms(chromium, tmp_path, (f"{p.url}/ctx/ui",), (f"{p.url}/ctx/ui#token=nope",),
-                                          (f"{p.url}/ctx/ui#token=s3cret",))
+        refused = dump_dom(chromium, f"{p.url}/ctx/ui", tmp_path)
+        wrong = dump_dom(chromium, f"{p.url}/ctx/ui#token=nope", tmp_path)
+        empty = dump_dom(chromium, f"{p.url}/ctx/ui#token=s3cret", tmp_path)
 
     for dom in (refused, wrong):
         assert 'data-state="unauthorized"' in dom

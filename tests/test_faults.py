@@ -140,6 +140,10 @@ class RawUpstream:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept at once (Linux), not at its next poll
+        except OSError:
+            pass
         self._thread.join(timeout=5)
         self._sock.close()
 
