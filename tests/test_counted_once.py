@@ -10,10 +10,10 @@ the session, `/ctx/v1/stats` and `/metrics` count them, once.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 
 import pytest
+from test_figures import metric
 
 MODEL = "claude-test-16k"
 TOOLS = [{"name": "Bash", "description": "Run a shell command", "input_schema": {
@@ -39,15 +39,6 @@ def history(turns: int, lines: int = 120) -> list[dict]:
         messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i:03d}",
                                                       "content": out}]})
     return messages
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for m in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.M):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def figures(proxy, key: str, session: str) -> tuple[list[dict], dict, dict]:

@@ -8,21 +8,12 @@ is still a request the client made and an error it got: `/ctx/v1/stats`,
 
 from __future__ import annotations
 
-import re
 import uuid
 
 import pytest
+from test_figures import metric
 
 pytestmark = pytest.mark.proxy_config(server={"max_body_bytes": 4000})
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for m in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.M):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def test_the_proxys_own_refusals_are_counted_everywhere(proxy, upstream):

@@ -16,6 +16,7 @@ import uuid
 import httpx
 import openai
 from proxy_server import InProcessProxy, make_settings
+from test_compress import agent_run
 
 KEY = "sk-route-decisions"
 SALT = "ctxproxy-tenant-v1"  # the built-in tenant salt
@@ -156,18 +157,6 @@ def test_an_old_record_is_replayed_where_the_route_offloads_it_and_ignored_where
     assert sent[3]["content"] == legacy and HANDLE.search(sent[5]["content"])
 
 
-def _agent_run(turns: int) -> list[dict]:
-    msgs = [{"role": "system", "content": "You are a careful coding agent."},
-            {"role": "user", "content": "Fix the crash in src/app/core.py"}]
-    for i in range(turns):
-        msgs.append({"role": "assistant", "content": f"Looking at module {i}.", "tool_calls": [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": "bash", "arguments": json.dumps({"cmd": f"cat src/app/module_{i}.py"})}}]})
-        body = "\n".join(f"def f_{i}_{j}(x):  # rev {i:04x}{j:04x}beef\n    return x * {j}" for j in range(25))
-        msgs.append({"role": "tool", "tool_call_id": f"call_{i}", "content": body})
-    return msgs
-
-
 WINDOW, MODEL = 6000, "agent-model"
 # Two routes on one model: `archive` compacts by archiving the middle span (no summary call), `default`
 # by its own policy (clearing tool results first).
@@ -180,7 +169,7 @@ COMPACTING = {"models": {MODEL: {"context_window": WINDOW}},
 def _compact(p: InProcessProxy, upstream, route: str, session: str) -> tuple[httpx.Response, bytes]:
     path = "/v1/chat/completions" if route == "default" else f"/r/{route}/v1/chat/completions"
     r = p.post(path, headers={"authorization": f"Bearer {KEY}", "x-session-id": session},
-               json={"model": MODEL, "messages": _agent_run(20), "tools": TOOLS})
+               json={"model": MODEL, "messages": agent_run(20), "tools": TOOLS})
     assert r.status_code == 200, r.text
     return r, upstream.requests[-1].body
 

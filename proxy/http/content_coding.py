@@ -81,7 +81,18 @@ class _Identity:
 IDENTITY: Decoder = _Identity()
 
 
-class _Zlib:
+class _Stream:
+    """A decoder whose stream may be left unfinished: `_open` while a stream has begun and not ended."""
+
+    name: str
+    _open = False
+
+    def close(self) -> None:
+        if self._open:
+            raise _truncated(self.name)
+
+
+class _Zlib(_Stream):
     """gzip (RFC 1952; members may follow one another) and deflate (the zlib format, RFC 9110 §8.4.1.2)."""
 
     def __init__(self, name: str, wbits: int, members: bool) -> None:
@@ -109,12 +120,8 @@ class _Zlib:
             if not data and (d.eof or len(out) < PIECE):  # a full piece may leave output pending: ask again
                 return
 
-    def close(self) -> None:
-        if self._open:
-            raise _truncated(self.name)
 
-
-class _Zstd:
+class _Zstd(_Stream):
     """zstd (RFC 8878; frames may follow one another), its window held to ZSTD_WINDOW_LOG_MAX."""
 
     name = "zstd"
@@ -150,12 +157,8 @@ class _Zstd:
             else:  # output pending
                 data = b""
 
-    def close(self) -> None:
-        if self._open:
-            raise _truncated(self.name)
 
-
-class _Brotli:
+class _Brotli(_Stream):
     """br (RFC 7932)."""
 
     name = "br"
