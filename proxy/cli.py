@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="only validate and print: do not ask the store and the upstreams")
     serve.add_argument("--host", help="listen address (default 127.0.0.1, or $CTXPROXY_HOST)")
     serve.add_argument("--port", type=int, help="listen port (default 8080, or $CTXPROXY_PORT)")
+    serve.add_argument("--workers", metavar="N", help="processes serving the port, sharing the store (default 1, "
+                                                      "or $CTXPROXY_WORKERS, or server.workers)")
     st = sub.add_parser("stats", help="print a running proxy's cache and token figures",
                         description="Fetch /ctx/v1/stats and /ctx/v1/sessions from a running proxy and print them.")
     st.add_argument("--url", default=DEFAULT_URL, help=f"the proxy's address (default {DEFAULT_URL})")
@@ -51,6 +53,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         env["CTXPROXY_HOST"] = args.host
     if getattr(args, "port", None):
         env["CTXPROXY_PORT"] = str(args.port)
+    if getattr(args, "workers", None) is not None:  # a string: the config's validation words a bad one
+        env["CTXPROXY_WORKERS"] = args.workers
     return load_settings(args.config, env)
 
 
@@ -71,10 +75,17 @@ def _serve(settings: Settings) -> None:
     event("ctxproxy starting", listen=f"http://{server.host}:{server.port}", store=redact(settings.store),
           routes={r.name: redact(r.upstream.base_url) for r in settings.routes},
           header_timeout=server.header_timeout, body_timeout=server.body_timeout,
-          keep_alive_timeout=server.keep_alive_timeout, max_connections=server.max_connections)
-    uvicorn.run(create_app(settings), host=server.host, port=server.port, loop="uvloop", access_log=False,
-                log_config=None, timeout_graceful_shutdown=30, server_header=False, date_header=False,
-                **uvicorn_options(server))
+          keep_alive_timeout=server.keep_alive_timeout, max_connections=server.max_connections,
+          workers=server.workers)
+    options = {"host": server.host, "port": server.port, "loop": "uvloop", "access_log": False, "log_config": None,
+               "timeout_graceful_shutdown": 30, "server_header": False, "date_header": False,
+               **uvicorn_options(server)}
+    if server.workers > 1:
+        from proxy.http.workers import serve_workers
+
+        serve_workers(settings, options)
+    else:
+        uvicorn.run(create_app(settings), **options)
 
 
 def main(argv: list[str] | None = None) -> None:

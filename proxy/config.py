@@ -150,6 +150,8 @@ class ServerSettings(_Strict):
     max_websockets: int = Field(default=DEFAULT_MAX_WEBSOCKETS, gt=0)
     websocket_idle_timeout: float = Field(default=DEFAULT_WEBSOCKET_IDLE_TIMEOUT, gt=0)
     websocket_history_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
+    # Processes serving the one listening socket (proxy/http/workers.py); the limits above are per worker.
+    workers: int = Field(default=1, ge=1)
 
 
 class LoggingSettings(_Strict):
@@ -297,11 +299,10 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
         upstream_raw["base_url"] = env["CTXPROXY_UPSTREAM"]
     upstream = _validate(UpstreamSettings, upstream_raw, "upstream", source)
     server = file.server.model_dump()
-    if "CTXPROXY_HOST" in env:
-        server["host"] = env["CTXPROXY_HOST"]
-    if "CTXPROXY_PORT" in env:
-        server["port"] = env["CTXPROXY_PORT"]
-    server_s = _validate(ServerSettings, server, "server", f"{source} (or CTXPROXY_HOST/PORT)")
+    for key in ("host", "port", "workers"):
+        if f"CTXPROXY_{key.upper()}" in env:
+            server[key] = env[f"CTXPROXY_{key.upper()}"]
+    server_s = _validate(ServerSettings, server, "server", f"{source} (or CTXPROXY_HOST/PORT/WORKERS)")
     if not file.store.startswith(("sqlite://", "redis://", "rediss://")):
         scheme = file.store.split("://", 1)[0] if "://" in file.store else file.store[:20]
         raise ConfigError(f"{source}: store: expected sqlite:///path.db or redis://host:port/db, got scheme {scheme!r}")

@@ -23,12 +23,18 @@ log = logging.getLogger(LOGGER_NAME)
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, worker: bool = False) -> None:
+        super().__init__()
+        self.worker = worker  # several processes write one stream: each line says whose it is
+
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "msg": record.getMessage(),
         }
+        if self.worker:
+            out["worker"] = record.process
         fields = getattr(record, "fields", None)
         if fields:
             out.update(fields)
@@ -37,10 +43,11 @@ class JsonFormatter(logging.Formatter):
         return redact(orjson.dumps(out, default=str).decode())
 
 
-def setup_logging(level: str = "info") -> None:
-    """Route ctxproxy's and uvicorn's logs through one JSON handler on stderr."""
+def setup_logging(level: str = "info", worker: bool = False) -> None:
+    """Route ctxproxy's and uvicorn's logs through one JSON handler on stderr; `worker`: each line names the
+    process (`serve --workers N`: the workers share the parent's stderr)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(JsonFormatter(worker))
     for name in (LOGGER_NAME, "uvicorn", "uvicorn.error"):
         lg = logging.getLogger(name)
         lg.handlers[:] = [handler]

@@ -36,7 +36,8 @@ class ProxyState:
         pipelines = {r.name: build_pipeline(r) for r in settings.routes}
         metrics = Metrics(settings)
         return cls(settings=settings, upstream=upstream, store=store, windows=LearnedWindows(store),
-                   metrics=metrics, accounting=Accountant(store, metrics, settings.logging.log_content),
+                   metrics=metrics, accounting=Accountant(store, metrics, settings.logging.log_content,
+                                                        shared=settings.server.workers > 1),
                    pipelines=pipelines, tracing=tracing)
 
 

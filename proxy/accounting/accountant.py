@@ -70,9 +70,10 @@ class Outcome:
 
 
 class Accountant:
-    def __init__(self, store: Store, metrics: Metrics, log_content: bool = False) -> None:
+    def __init__(self, store: Store, metrics: Metrics, log_content: bool = False, shared: bool = False) -> None:
+        """`shared`: other processes serve this proxy's sessions too (Previous: traces are read from the store)."""
         self.store, self.metrics, self.log_content = store, metrics, log_content
-        self._previous = Previous(store)
+        self._previous = Previous(store, shared)
         self._batch = _Batch()
         self._flusher: asyncio.Task[None] | None = None
         self._writing = asyncio.Lock()

@@ -1,4 +1,9 @@
-"""Prometheus metrics, per process (Prometheus adds replicas up). Labelled by route and model, never session.
+"""Prometheus metrics, per instance (Prometheus adds replicas up). Labelled by route and model, never session.
+
+An instance of several worker processes (`serve --workers N`, proxy/http/workers.py) is one scrape
+target behind one port, so whichever worker answers the scrape adds up every worker's figures:
+prometheus_client's multiprocess mode, each worker's values in files of the directory
+`PROMETHEUS_MULTIPROC_DIR` names (set by the parent before any worker starts).
 
 The `model` label is the client's own string, so it is bounded (ModelLabels):
 a client sending thousands of made-up model names must not grow the scrape
@@ -7,14 +12,17 @@ a client sending thousands of made-up model names must not grow the scrape
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from proxy.config import Settings
 from proxy.upstream.windows import BUILTIN_WINDOWS
 
+SHARED_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus_client when it is imported, and here
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -113,4 +121,9 @@ class Metrics:
 
     def render(self) -> bytes:
         """The exposition text; thread-safe (the /metrics handler renders off the event loop)."""
+        shared = os.environ.get(SHARED_DIR_ENV)
+        if shared:
+            every_worker = CollectorRegistry()
+            MultiProcessCollector(every_worker, path=shared)  # type: ignore[no-untyped-call]
+            return generate_latest(every_worker)
         return generate_latest(self.registry)

@@ -11,7 +11,11 @@ agent share their tools and system prompt, which the provider caches for both
 (no break cause is given for that one: it is not the session's own history).
 
 Traces live in the store (they survive restarts and are shared by replicas) and
-in a bounded in-process cache.
+in a bounded in-process cache. The cache is only read first when this process
+is the only one serving the sessions: with several workers (`serve --workers N`)
+consecutive requests of one session land on different workers, and a worker's
+cached trace would be an older request than the one the store holds; then the
+store is read every time (the cache still serves `last`).
 """
 
 from __future__ import annotations
@@ -43,17 +47,17 @@ def opening_key(tenant: str, model: str | None) -> str:
 class Previous:
     """Finds and keeps the traces requests are compared with."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, store: Store, shared: bool = False) -> None:
+        self.store, self.shared = store, shared
         self._traces: LRU[str, Trace] = LRU(TRACES_CACHED)
 
     async def _get(self, key: str) -> Trace | None:
-        trace = self._traces.get(key)
+        trace = None if self.shared else self._traces.get(key)
         if trace is None:
             try:
                 raw = await self.store.get_json(key)
-            except StoreError:
-                return None
+            except StoreError:  # this process's own latest, if it has one
+                return self._traces.get(key)
             trace = Trace.from_json(raw) if raw else None
             if trace is not None:
                 self._traces.put(key, trace)
