@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -90,8 +91,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 async def healthz(request: Request) -> Response:
-    """The process is up and serving."""
-    return JSONResponse({"status": "ok"})
+    """The process is up and serving; `worker`: which process answered (`serve --workers N`: one of N)."""
+    return JSONResponse({"status": "ok", "worker": os.getpid()})
 
 
 async def readyz(request: Request) -> Response:

@@ -1,0 +1,178 @@
+"""`ctxproxy serve --workers 2` as users run it: the same bytes upstream and the same figures whichever worker answers.
+
+Every request goes over a fresh connection, which first asks /healthz: one
+connection is served by one worker, so the `worker` /healthz names is the
+worker that answered the request after it on that connection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import crafted
+import httpx
+import pytest
+from test_figures import metric
+from test_serve import free_port
+
+MAX_ROUNDS = 12  # the crafted session sent again until every request of it was answered by both workers
+REDIS = "redis://127.0.0.1:6379/11"
+
+
+class Workers:
+    """A running `ctxproxy serve --workers 2`."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+        self.proc, self.url, self.log = proc, url, log
+
+    def on_one_connection(self, method: str, path: str, **kw: object) -> tuple[int, httpx.Response]:
+        """(the worker that answered, its response) for one request on a fresh connection."""
+        with httpx.Client(base_url=self.url, timeout=30) as c:
+            health = c.get("/healthz")
+            r = c.request(method, path, **kw)  # type: ignore[arg-type]
+            same = health.extensions["network_stream"].get_extra_info("client_addr") == \
+                r.extensions["network_stream"].get_extra_info("client_addr")
+            assert same, "the request did not reuse the /healthz connection"
+            return health.json()["worker"], r
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+@pytest.fixture
+def workers(tmp_path: Path, upstream, request: pytest.FixtureRequest) -> Iterator[Workers]:
+    store = request.param if request.param != "sqlite" else f"sqlite:///{tmp_path}/shared.db"
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(json.dumps({"upstream": {"base_url": upstream.base_url}, "store": store,
+                               "models": {crafted.MODEL: {"context_window": crafted.WINDOW}},
+                               "defaults": {**crafted.DEFAULTS, "status_bar": {"enabled": False}}}))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
+    log = tmp_path / "proxy.log"
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--config", str(cfg), "--port", str(port),
+                             "--workers", "2"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=log.open("w"))
+    served = Workers(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        _wait_for_both(served)
+        yield served
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def _wait_for_both(w: Workers) -> None:
+    """Until both workers have finished starting (each logs it), so that either may take a connection."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if w.log.read_text().count("Application startup complete") == 2:
+            return
+        if w.proc.poll() is not None:
+            raise AssertionError(f"ctxproxy serve exited: {w.log.read_text()}")
+        time.sleep(0.05)
+    raise AssertionError(f"both workers did not start: {w.log.read_text()}")
+
+
+def _log(w: Workers) -> list[dict]:
+    return [json.loads(x) for x in w.log.read_text().splitlines() if x.startswith("{")]
+
+
+def _figures_until(w: Workers, key: str, session: str, sent: int) -> list[tuple[int, float, int, int]]:
+    """(worker, /metrics 200 answers, /ctx/v1/stats requests, timeline length), asked over fresh connections
+    until each worker has answered twice with every request counted. A worker writes its requests' figures to
+    the store within a flush of its accounting (proxy/accounting/accountant.py FLUSH_DELAY) after each response,
+    so a figure read on the other worker may first lag; it never exceeds what was sent."""
+    auth = {"authorization": f"Bearer {key}"}
+    seen: list[tuple[int, float, int, int]] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pid, m = w.on_one_connection("GET", "/metrics")
+        _, stats = w.on_one_connection("GET", "/ctx/v1/stats", headers=auth)
+        _, timeline = w.on_one_connection("GET", f"/ctx/v1/sessions/{session}", headers=auth)
+        row = (pid, metric(m.text, "ctxproxy_requests_total", status="200"),
+               stats.json()["totals"]["all"]["requests"], len(timeline.json()["requests"]))
+        assert max(row[1:]) <= sent, row
+        if row[1:] == (sent, sent, sent):
+            seen.append(row)
+        if len({p for p, *_ in seen}) == 2 and len(seen) >= 4:
+            return seen
+    raise AssertionError(f"figures never reached {sent} on both workers: {seen}")
+
+
+@pytest.mark.parametrize("workers", ["sqlite", REDIS], indirect=True)
+def test_two_workers_send_the_same_bytes_and_report_the_same_figures(workers, upstream):
+    key, session = f"sk-{uuid.uuid4().hex[:8]}", f"workers-{uuid.uuid4().hex[:8]}"
+    upstream.windows[crafted.MODEL] = crafted.WINDOW
+    headers = {"authorization": f"Bearer {key}", "x-session-id": session}
+    bodies: dict[int, list[tuple[int, bytes]]] = defaultdict(list)  # request of the session -> (worker, upstream body)
+    sent = 0
+    for _ in range(MAX_ROUNDS):
+        for i, msgs in enumerate(crafted.requests()):
+            pid, r = workers.on_one_connection("POST", "/v1/chat/completions", headers=headers,
+                                               json={"model": crafted.MODEL, "messages": msgs, "tools": crafted.TOOLS})
+            assert r.status_code == 200, r.text
+            sent += 1
+            bodies[i].append((pid, upstream.requests[-1].body))
+        if all(len({p for p, _ in b}) == 2 for b in bodies.values()):
+            break
+    for i, b in bodies.items():
+        assert len({p for p, _ in b}) == 2, f"request {i} was only ever answered by one worker"
+        assert len({body for _, body in b}) == 1, f"request {i} reached the upstream in different bytes"
+    first = [json.loads(bodies[i][0][1]) for i in range(3)]
+    assert crafted.expected({"messages": crafted.requests()[2], "tools": crafted.TOOLS}, first[2]).compress > 0
+    assert all(crafted.expected({"messages": m, "tools": crafted.TOOLS}, f).offload > 0
+               for m, f in zip(crafted.requests(), first))  # rewritten, not passed through: offloads, a compaction
+
+    _figures_until(workers, key, session, sent)
+    served = {line["worker"] for line in _log(workers) if line.get("msg") == "request"}
+    assert len(served) == 2
+    assert workers.stop() == 0
+    assert "Traceback" not in workers.log.read_text()
+
+
+@pytest.mark.parametrize("workers", ["sqlite"], indirect=True)
+def test_sigterm_to_the_parent_lets_every_worker_finish_its_requests(workers, upstream, tmp_path):
+    upstream.delay = 1.0  # each request is in flight on its worker when the signal comes
+    key = f"sk-{uuid.uuid4().hex[:8]}"
+    answers: dict[int, int] = {}
+    taken = threading.Lock()
+
+    def one_slow_request_per_worker() -> None:
+        for _ in range(50):
+            with httpx.Client(base_url=workers.url, timeout=30) as c:
+                pid = c.get("/healthz").json()["worker"]
+                with taken:
+                    if pid in answers:
+                        continue
+                    answers[pid] = 0
+                r = c.post("/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                           json={"model": crafted.MODEL, "messages": [{"role": "user", "content": "hi"}]})
+                answers[pid] = r.status_code
+                return
+
+    threads = [threading.Thread(target=one_slow_request_per_worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(upstream.requests) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(upstream.requests) == 2 and len(answers) == 2  # one request in flight on each worker
+    assert workers.stop() == 0
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(answers.values()) == [200, 200]
+    log = _log(workers)
+    assert sorted(line["worker"] for line in log if line.get("msg") == "request") == sorted(answers)
+    assert sum(line.get("msg") == "Application shutdown complete." for line in log) == 2
