@@ -20,7 +20,8 @@ from cli_main import run_main, run_side_by_side
 from bench.replay.cli import main as replay_main
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["all", "replay", "overhead", "overhead.floor", "load", "scaling", "token_count", "precompute", "plot"]
+MODULES = ["all", "replay", "overhead", "overhead.floor", "load", "scaling", "workers", "token_count", "precompute",
+           "plot"]
 
 
 @pytest.fixture(scope="module")
