@@ -287,3 +287,43 @@ def test_the_retry_after_a_context_overflow_is_its_own_client_span(upstream, rec
     assert [rq.headers["traceparent"].split("-")[2] for rq in upstream.requests] == [c.span_id.hex() for c in calls]
     (server,) = [s for s in spans if s.kind == SERVER]
     assert server.name == "ctxproxy POST /v1/chat/completions" and attrs(server)["http.response.status_code"] == 200
+
+
+def test_count_tokens_pass_through_and_websocket_turns_say_what_they_are(upstream, receiver, tmp_path):
+    """Beside the agent's HTTP turns: each request's SERVER span says its operation and its transport, and
+    count_tokens' and pass-through's provider calls are CLIENT spans named for what they are."""
+    from proxy_server import ProxyServer
+    from test_responses_ws import COMMON, FIRST, completed, ws_url
+    from test_responses_ws import turn as ws_turn
+    from websockets.sync.client import connect
+
+    settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/k.db", env=otel_env(receiver))
+    upstream.script("ok")
+    auth = {"authorization": f"Bearer {KEY}"}
+    with ProxyServer(settings) as proxy:  # a real server: the WebSocket is served by uvicorn
+        count = proxy.http_client().post("/v1/messages/count_tokens", headers={**auth, "traceparent": TRACEPARENT},
+                                         json={"model": "claude-sonnet-4-6",
+                                               "messages": [{"role": "user", "content": "hi"}]})
+        assert count.status_code == 200, count.text
+        assert proxy.http_client().get("/v1/models", headers=auth).status_code == 200
+        with connect(ws_url(proxy), additional_headers=auth) as ws:
+            completed(ws_turn(ws, **COMMON, input=FIRST))
+        assert proxy.http_client().post("/v1/chat/completions", headers=auth, json={
+            "model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+    spans = [s for _, s in receiver.spans]
+    servers = {s.name: attrs(s) for s in spans if s.kind == SERVER}
+    said = {name: (a["ctxproxy.operation"], a["ctxproxy.transport"]) for name, a in servers.items()}
+    assert said == {"ctxproxy POST /v1/messages/count_tokens": ("count_tokens", "http"),
+                    "ctxproxy GET /v1/models": ("passthrough", "http"),
+                    "ctxproxy POST /v1/responses": ("turn", "websocket"),
+                    "ctxproxy POST /v1/chat/completions": ("turn", "http")}
+    assert "gen_ai.operation.name" not in servers["ctxproxy GET /v1/models"]
+    by_id = {s.span_id: s for s in spans}
+    calls = {s.name: s for s in spans if s.kind == CLIENT and not s.name.startswith("ctxproxy store")}
+    assert set(calls) == {"count_tokens claude-sonnet-4-6", "GET", "chat gpt-5"}
+    assert by_id[calls["count_tokens claude-sonnet-4-6"].parent_span_id].name.endswith("/count_tokens")
+    assert by_id[calls["GET"].parent_span_id].name == "ctxproxy GET /v1/models"
+    count_call = calls["count_tokens claude-sonnet-4-6"]
+    assert count_call.trace_id.hex() == TRACE_ID and attrs(count_call)["http.response.status_code"] == 200
+    counted = next(rq for rq in upstream.requests if rq.path == "/v1/messages/count_tokens")
+    assert counted.headers["traceparent"] == f"00-{TRACE_ID}-{count_call.span_id.hex()}-01"

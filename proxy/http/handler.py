@@ -36,7 +36,8 @@ async def handle(request: Request, wire: Codec) -> Response:
     st, run = state_of(request), RequestRun.start(request, wire)
     if not st.tracing.on:
         return await _handle(st, request, wire, run)
-    run.trace = st.tracing.request(request.method, request.scope["path"], request.headers.items(), wire.family)
+    run.trace = st.tracing.request(request.method, request.scope["path"], request.headers.items(), wire.family,
+                                   transport=request.scope.get("ctxproxy.transport", "http"))
     with run.trace.activate():  # the request's span is its stages' parent; it ends with the request (finish)
         return await _handle(st, request, wire, run)
 

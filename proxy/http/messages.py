@@ -20,9 +20,10 @@ from proxy.http.handler import handle
 from proxy.http.relay import error_response, query_of, relay_response
 from proxy.http.relay import read_body as read_request_body
 from proxy.http.request_run import RequestRun, context
+from proxy.http.send import traced_send
 from proxy.rewrite.events import Degraded
 from proxy.rewrite.pipeline import shape
-from proxy.state import state_of
+from proxy.state import ProxyState, state_of
 from proxy.upstream.client import read_body, response_headers, upstream_url
 from proxy.wire.codec import Body
 from proxy.wire.messages.codec import MESSAGES, Messages
@@ -51,6 +52,15 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     st, run = state_of(request), RequestRun.start(request, MESSAGES, kind="count")
+    if not st.tracing.on:
+        return await _count_tokens(st, request, run)
+    run.trace = st.tracing.request(request.method, request.scope["path"], request.headers.items(), MESSAGES.family,
+                                   operation="count_tokens")
+    with run.trace.activate():  # it ends with the request's log line (run.finish)
+        return await _count_tokens(st, request, run)
+
+
+async def _count_tokens(st: ProxyState, request: Request, run: RequestRun) -> Response:
     try:
         raw = await read_request_body(request, st.settings.server)
         conv = await loop_free.parse(raw, COUNTING)
@@ -58,8 +68,12 @@ async def count_tokens(request: Request) -> Response:
         if ctx.route.count_tokens == "rewritten":
             conv = await shape(st.pipelines[ctx.route.name], conv, ctx, "count")
         url = upstream_url(ctx.route.upstream, COUNT_PATH, query_of(request))
-        resp = await st.upstream.send("POST", url, ctx.upstream_headers, await loop_free.to_bytes(conv),
-                                    ctx.route.upstream)
+        payload = await loop_free.to_bytes(conv)
+        if run.trace.on:
+            resp = await traced_send(st, run.trace, "count_tokens", "POST", url, ctx.upstream_headers, payload,
+                                     ctx.route.upstream, ctx.model)
+        else:
+            resp = await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
         content = await read_body(resp, url)
     except ProxyError as err:
         run.finish({}, status=err.status, error=err.code)

@@ -17,8 +17,10 @@ from proxy.http.answers import known
 from proxy.http.relay import client_codec, error_response, query_of, read_body, relay_response, relay_stream
 from proxy.http.request_run import model_in, new_request_id
 from proxy.http.routing import resolve_route
+from proxy.http.send import traced_send
 from proxy.logs import event
-from proxy.state import state_of
+from proxy.state import ProxyState, state_of
+from proxy.telemetry import NO_TRACE, RequestTrace
 from proxy.upstream.client import iter_raw, request_headers, response_headers, upstream_url
 
 # Bodies at most this large with a declared length are relayed in one piece
@@ -32,6 +34,15 @@ def _model_of(body: bytes, content_type: str) -> str | None:
 
 async def passthrough(request: Request) -> Response:
     st = state_of(request)
+    if not st.tracing.on:
+        return await _passthrough(st, request, NO_TRACE)
+    trace = st.tracing.request(request.method, request.scope["path"], request.headers.items(),
+                               client_codec(request).family, operation="passthrough")
+    with trace.activate():  # it ends with the request's log line
+        return await _passthrough(st, request, trace)
+
+
+async def _passthrough(st: ProxyState, request: Request, trace: RequestTrace) -> Response:
     t0 = time.perf_counter()
     rid = new_request_id()
     log: dict[str, object] = {"request_id": rid, "method": request.method, "path": request.scope["path"]}
@@ -45,11 +56,15 @@ async def passthrough(request: Request) -> Response:
                               "anthropic" if wire.family == "anthropic" else None)
         log["route"] = k.route = route.name
         url = upstream_url(route.upstream, request.path_params["path"], query_of(request))
-        resp = await st.upstream.send(request.method, url, request_headers(request.headers.items(), route.upstream),
-                                      body or None, route.upstream)
+        sent_headers = request_headers(request.headers.items(), route.upstream)
+        if trace.on:
+            resp = await traced_send(st, trace, "passthrough", request.method, url, sent_headers, body or None,
+                                     route.upstream, k.model)
+        else:
+            resp = await st.upstream.send(request.method, url, sent_headers, body or None, route.upstream)
     except ProxyError as err:
         k.error = err.code
-        event("request", status=err.status, error=err.code, **log)
+        _logged(trace, err.status, err.code, log)
         return error_response(err, wire, {"x-ctxproxy-request-id": rid})
     headers = response_headers(resp.headers) + [("x-ctxproxy-request-id", rid), ("x-ctxproxy-route", route.name)]
     log.update(status=resp.status_code, overhead_ms=round((time.perf_counter() - t0) * 1000, 3))
@@ -59,9 +74,16 @@ async def passthrough(request: Request) -> Response:
             content = b"".join([c async for c in iter_raw(resp, url)])
         except ProxyError as err:
             k.error = err.code
-            event("request", **{**log, "status": err.status, "error": err.code})
+            _logged(trace, err.status, err.code, {**log, "status": err.status})
             return error_response(err, wire, {"x-ctxproxy-request-id": rid})
-        event("request", **log)
+        _logged(trace, resp.status_code, None, log)
         return relay_response(content, resp.status_code, headers)
-    event("request", **log)
+    _logged(trace, resp.status_code, None, log)
     return relay_stream(iter_raw(resp, url), resp.status_code, headers)
+
+
+def _logged(trace: RequestTrace, status: int, error: str | None, log: dict[str, object]) -> None:
+    """The request's log line; its span (tracing on) ends with it."""
+    event("request", **({**log, "status": status, "error": error} if error else log))
+    if trace.on:
+        trace.end(status, error)

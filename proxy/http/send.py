@@ -6,8 +6,8 @@ the window it names is learned for the tenant, route and model, the client's
 request is rewritten again for that window, and sent once more.
 
 Traced (proxy/telemetry/), each call is a CLIENT span of its kind (the turn, the
-retry, a hidden read round) and carries that span's `traceparent`; off, the
-client's headers go as they came.
+retry, a hidden read round; count_tokens' and pass-through calls use `traced_send`
+too) and carries that span's `traceparent`; off, the client's headers go as they came.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from starlette.requests import Request
 
 from proxy import loop_free
 from proxy.accounting.figures import carry_events
+from proxy.config import UpstreamSettings
 from proxy.http.relay import query_of
 from proxy.http.request_run import RequestRun
 from proxy.logs import event
@@ -29,6 +30,7 @@ from proxy.request import Conversation, RequestContext
 from proxy.rewrite.context_read.loop import Send
 from proxy.rewrite.pipeline import shape
 from proxy.state import ProxyState
+from proxy.telemetry import Headers, RequestTrace
 from proxy.upstream.client import read_body, upstream_url
 from proxy.upstream.windows import overflow_limit
 
@@ -51,13 +53,8 @@ async def send_upstream(st: ProxyState, request: Request, conv: Conversation, ct
     async def send(payload: bytes, kind: str = "turn") -> httpx.Response:
         if not run.trace.on:
             return await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
-        call = run.trace.upstream(kind, "POST", url, ctx.upstream_headers, ctx.model)
-        try:
-            resp = await st.upstream.send("POST", url, call.headers, payload, ctx.route.upstream)
-        except BaseException as exc:
-            call.failed(exc)
-            raise
-        return call.answered(resp)
+        return await traced_send(st, run.trace, kind, "POST", url, ctx.upstream_headers, payload, ctx.route.upstream,
+                                 ctx.model)
 
     run.t_sent = time.perf_counter()
     resp = await send(await loop_free.to_bytes(conv))
@@ -88,3 +85,15 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, sen
     conv = await shape(st.pipelines[ctx.route.name], conv, ctx)
     run.ctx, run.conv = ctx, conv
     return await send(await loop_free.to_bytes(conv)), conv, ctx
+
+
+async def traced_send(st: ProxyState, trace: RequestTrace, kind: str, method: str, url: str, headers: Headers,
+                      payload: bytes | None, upstream: UpstreamSettings, model: str | None) -> httpx.Response:
+    """One provider call as a CLIENT span of the request (only called while tracing is on)."""
+    call = trace.upstream(kind, method, url, headers, model)
+    try:
+        resp = await st.upstream.send(method, url, call.headers, payload, upstream)
+    except BaseException as exc:
+        call.failed(exc)
+        raise
+    return call.answered(resp)

@@ -80,8 +80,11 @@ class Tracing:
 
     on = False
 
-    def request(self, method: str, path: str, headers: Sequence[tuple[str, str]], provider: str) -> RequestTrace:
-        """The SERVER span of one client request, a child of the client's `traceparent` if it sent one."""
+    def request(self, method: str, path: str, headers: Sequence[tuple[str, str]], provider: str,
+                operation: str = "turn", transport: str = "http") -> RequestTrace:
+        """The SERVER span of one client request, a child of the client's `traceparent` if it sent one.
+        `operation` (turn, count_tokens, passthrough) and `transport` (http, websocket) become its
+        `ctxproxy.operation` and `ctxproxy.transport`: an operator filters the agent's turns from the rest."""
         return NO_TRACE
 
     def store_call(self, op: str) -> AbstractContextManager[None]:

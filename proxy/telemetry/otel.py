@@ -43,6 +43,7 @@ SCOPE = "ctxproxy"
 _W3C = TraceContextTextMapPropagator()
 _TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 _DEFAULT_ENDPOINT_PATH = "/v1/traces"
+_NOT_CHAT = frozenset({"count_tokens", "passthrough"})  # provider calls that are no model turn: named for what they are
 
 
 def _endpoint(env: Mapping[str, str]) -> str:
@@ -92,13 +93,16 @@ class OtelTracing(Tracing):
         self.provider = provider_from(env)
         self.tracer = self.provider.get_tracer(SCOPE)
 
-    def request(self, method: str, path: str, headers: Sequence[tuple[str, str]], provider: str) -> RequestTrace:
+    def request(self, method: str, path: str, headers: Sequence[tuple[str, str]], provider: str,
+                operation: str = "turn", transport: str = "http") -> RequestTrace:
         carrier = {k.lower(): v for k, v in headers if k.lower() in _TRACE_HEADERS}
         parent = _W3C.extract(carrier) if carrier else None
+        attributes = {"http.request.method": method, "url.path": path, "gen_ai.provider.name": provider,
+                      "gen_ai.system": provider, "ctxproxy.operation": operation, "ctxproxy.transport": transport}
+        if operation != "passthrough":  # a pass-through request may be anything: models, files, embeddings
+            attributes["gen_ai.operation.name"] = "chat"
         span = self.tracer.start_span(f"ctxproxy {method} {path}", context=parent, kind=SpanKind.SERVER,
-                                      attributes={"http.request.method": method, "url.path": path,
-                                                  "gen_ai.operation.name": "chat", "gen_ai.provider.name": provider,
-                                                  "gen_ai.system": provider})
+                                      attributes=attributes)
         return OtelRequestTrace(self.tracer, span, provider)
 
     @contextmanager
@@ -194,16 +198,19 @@ class OtelRequestTrace(RequestTrace):
         if not trace.get_current_span(parent).is_recording():  # a streamed answer's hidden round: not current
             parent = self.context
         where = httpx.URL(url)
-        attributes: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": self.provider,
+        attributes: dict[str, Any] = {"gen_ai.provider.name": self.provider,
                                       "gen_ai.system": self.provider, "ctxproxy.upstream.kind": kind,
                                       "http.request.method": method, "server.address": where.host,
                                       "url.full": str(where.copy_with(query=None))}
+        chat = kind not in _NOT_CHAT
+        if chat:
+            attributes["gen_ai.operation.name"] = "chat"
         if where.port:
             attributes["server.port"] = where.port
         if model:
             attributes["gen_ai.request.model"] = model
-        span = self.tracer.start_span(f"chat {model}" if model else "chat", context=parent, kind=SpanKind.CLIENT,
-                                      attributes=attributes)
+        name = ("chat" if chat else kind if kind != "passthrough" else method) + (f" {model}" if model else "")
+        span = self.tracer.start_span(name, context=parent, kind=SpanKind.CLIENT, attributes=attributes)
         carrier: dict[str, str] = {}
         _W3C.inject(carrier, context=trace.set_span_in_context(span))
         sent = [(k, v) for k, v in headers if k.lower() not in _TRACE_HEADERS] + list(carrier.items())
