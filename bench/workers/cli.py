@@ -16,9 +16,8 @@ from typing import Any
 from bench import workers as package
 from bench.machine import git_state, machine_facts
 from bench.overhead.cpu import process_cpu_ns
-from bench.overhead.processes import Processes
 from bench.scaling.history import build_history
-from bench.workers.proxies import Proxy
+from bench.workers.proxies import Proxy, start_mock, stop
 from bench.workers.report import print_report, summary
 from bench.workers.traffic import Agents
 
@@ -41,19 +40,21 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--store: a redis:// URL (the question is several workers sharing Redis)")
     history, tools = build_history(args.messages)
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
-        procs = Processes(tmp, None)
+        mock = start_mock()
         proxies: list[Proxy] = []
         try:
-            mock_url = procs.start_mock()
+            assert mock.stdout is not None
+            mock_url = mock.stdout.readline().strip()  # printed once listening
+            if not mock_url.startswith("http://"):
+                raise SystemExit(f"the mock provider did not start (it printed {mock_url!r})")
             proxies = [Proxy(tmp, mock_url, args.store, n) for n in WORKER_COUNTS]
             for p in proxies:
                 p.wait_started()
-            assert procs.mock is not None
-            rounds = asyncio.run(_rounds(args, proxies, Agents(history, tools, args.concurrency), procs.mock.pid))
+            rounds = asyncio.run(_rounds(args, proxies, Agents(history, tools, args.concurrency), mock.pid))
         finally:
             for p in proxies:
                 p.stop()
-            procs.stop()
+            stop(mock)
     res: dict[str, Any] = {
         "command": shlex.join(["python", "-m", "bench.workers", *(sys.argv[1:] if argv is None else argv)]),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

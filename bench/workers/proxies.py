@@ -1,13 +1,16 @@
-"""The proxies under test, `serve --workers N` on Redis as users start them, and the CPU of each one's processes."""
+"""The processes: the proxies under test (`serve --workers N` on Redis, as users start them, and the CPU of each
+one's processes) and the mock provider."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from bench.overhead.cpu import process_cpu_ns
 from bench.overhead.processes import free_port
@@ -41,7 +44,8 @@ class Proxy:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command, cwd=work, env=env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT)
-        self.pids: list[int] = []
+        self.pids: list[int] = []  # the parent and its children that are not workers
+        self.worker_pids: list[int] = []
 
     def wait_started(self) -> None:
         """Until every worker has started (each logs it); then the pids to measure are known."""
@@ -50,27 +54,44 @@ class Proxy:
             with open(self.log_path, errors="replace") as f:
                 text = f.read()
             if text.count("Application startup complete") == self.workers:
-                kids = _children(self.proc.pid)
-                self.pids = [self.proc.pid, *kids] if self.workers > 1 else [self.proc.pid]
-                if len(self.pids) > self.workers or self.workers == 1:
+                if self.workers == 1:
+                    self.pids, self.worker_pids = [self.proc.pid], [self.proc.pid]
                     return
+                self.worker_pids = sorted(int(x) for x in re.findall(r"Started server process \[(\d+)\]", text))
+                self.pids = [self.proc.pid, *(p for p in _children(self.proc.pid) if p not in self.worker_pids)]
+                return
             if self.proc.poll() is not None:
                 raise SystemExit(f"{self.name}: ctxproxy serve exited with {self.proc.returncode}:\n{text[-2000:]}")
             time.sleep(0.1)
         raise SystemExit(f"{self.name}: not started after {START_TIMEOUT_S:.0f} s; see {self.log_path}")
 
     def cpu_ns(self) -> list[int]:
-        """CPU time so far of the parent and of each worker (one entry per process), ns."""
-        return [process_cpu_ns(pid) or 0 for pid in self.pids]
+        """CPU time so far, ns: of the parent and its other children (uvicorn's supervisor, multiprocessing's
+        resource tracker) together, then of each worker; one entry, the process, with 1 worker."""
+        workers = [process_cpu_ns(pid) or 0 for pid in self.worker_pids]
+        if self.workers == 1:
+            return workers
+        return [sum(process_cpu_ns(pid) or 0 for pid in self.pids), *workers]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # drains every worker
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop(self.proc)  # SIGTERM: drains every worker
+
+
+def start_mock() -> subprocess.Popen[str]:
+    """The cheap mock provider (bench/workers/mock.py); it prints its URL on its first line."""
+    return subprocess.Popen([sys.executable, "-m", "bench.workers.mock"], cwd=ROOT, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within a minute."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def _children(pid: int) -> list[int]:

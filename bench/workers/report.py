@@ -41,4 +41,4 @@ def print_report(res: dict[str, Any]) -> None:
     row("mock CPU ms/request", "mock_cpu_ms_per_request", ".2f")
     row("client CPU ms/request", "client_cpu_ms_per_request", ".2f")
     shares = ["/".join(f"{x:.0%}" for x in s[n]["cpu_share"]) for n in names]
-    print(f"{'CPU share (parent/workers)':34}" + "".join(f"{x:>{width}}" for x in shares))
+    print(f"{'CPU share (parent / each worker)':34}" + "".join(f"{x:>{width}}" for x in shares))
