@@ -125,5 +125,6 @@ def config_warnings(settings: Settings) -> list[str]:
 def startup_line(settings: Settings, source: str) -> str:
     """One line that says where requests will go, where state is kept and which config was read."""
     routes = ", ".join(f"{r.name} -> {redact(r.upstream.base_url)}" for r in settings.routes)
-    return (f"ctxproxy: listening on http://{settings.server.host}:{settings.server.port}; routes: {routes}; "
+    workers = f" with {settings.server.workers} workers" if settings.server.workers > 1 else ""
+    return (f"ctxproxy: listening on http://{settings.server.host}:{settings.server.port}{workers}; routes: {routes}; "
             f"store: {redact(settings.store)}; config: {source}")
