@@ -22,6 +22,7 @@ from pathlib import Path
 import crafted
 import httpx
 import pytest
+from cli_main import run_main
 from test_figures import metric
 from test_serve import free_port
 
@@ -61,7 +62,7 @@ def workers(tmp_path: Path, upstream, request: pytest.FixtureRequest) -> Iterato
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
     log = tmp_path / "proxy.log"
     proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--config", str(cfg), "--port", str(port),
-                             "--workers", "2"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                             "--workers", "2"], cwd=tmp_path, env=env, stdout=(tmp_path / "stdout").open("w"),
                             stderr=log.open("w"))
     served = Workers(proc, f"http://127.0.0.1:{port}", log)
     try:
@@ -135,6 +136,7 @@ def test_two_workers_send_the_same_bytes_and_report_the_same_figures(workers, up
     assert all(crafted.expected({"messages": m, "tools": crafted.TOOLS}, f).offload > 0
                for m, f in zip(crafted.requests(), first))  # rewritten, not passed through: offloads, a compaction
 
+    assert f"{workers.url.split('//')[1]} with 2 workers;" in (workers.log.parent / "stdout").read_text()
     _figures_until(workers, key, session, sent)
     served = {line["worker"] for line in _log(workers) if line.get("msg") == "request"}
     assert len(served) == 2
@@ -176,3 +178,12 @@ def test_sigterm_to_the_parent_lets_every_worker_finish_its_requests(workers, up
     log = _log(workers)
     assert sorted(line["worker"] for line in log if line.get("msg") == "request") == sorted(answers)
     assert sum(line.get("msg") == "Application shutdown complete." for line in log) == 2
+
+
+@pytest.mark.parametrize("value, says", [("0", "greater than or equal to 1"), ("two", "valid integer"),
+                                         ("1.5", "valid integer")])
+def test_a_bad_worker_count_is_refused_in_one_line(value, says):
+    r = run_main("serve", "--workers", value)  # it stops before serving: main in process
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("ctxproxy: invalid configuration:") and "server.workers" in line and says in line
