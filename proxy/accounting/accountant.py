@@ -72,8 +72,9 @@ class Outcome:
 class Accountant:
     def __init__(self, store: Store, metrics: Metrics, log_content: bool = False, shared: bool = False) -> None:
         """`shared`: other processes serve this proxy's sessions too (Previous: traces are read from the store)."""
-        self.store, self.metrics, self.log_content = store, metrics, log_content
+        self.store, self.metrics, self.log_content, self.shared = store, metrics, log_content, shared
         self._previous = Previous(store, shared)
+        self._trace_writes: set[asyncio.Task[None]] = set()
         self._batch = _Batch()
         self._flusher: asyncio.Task[None] | None = None
         self._writing = asyncio.Lock()
@@ -233,7 +234,10 @@ class Accountant:
         hour = int(e["ts"] // HOUR)
         b = self._batch
         add_counts(b.amounts, ctx.tenant, ctx.session, group, hour, values)
-        b.traces.update(traces)
+        if self.shared and traces:
+            self._write_traces(traces)
+        else:
+            b.traces.update(traces)
         self._session_records(ctx.tenant, ctx.session, ctx.route.name, ctx.model, e)
         if ok and f.given:
             b.given.append((ctx.tenant, ctx.session, group, hour, f.given))
@@ -297,6 +301,8 @@ class Accountant:
     async def settle(self) -> None:
         """Write everything pending now, and wait for a write in progress: a reader of this process then
         sees every request whose response has completed."""
+        if self._trace_writes:
+            await asyncio.gather(*self._trace_writes, return_exceptions=True)
         async with self._writing:
             while self._batch.logs or self._batch.amounts:
                 b, self._batch = self._batch, _Batch()
@@ -343,6 +349,21 @@ class Accountant:
         route, _, model = group[group.index(":", len("stats:")) + 1:].partition("|")
         (self.metrics.handles_given if name == "handles_given" else self.metrics.handles_read).labels(
             route, model).inc()
+
+    def _write_traces(self, traces: dict[str, Any]) -> None:
+        """With other workers serving the session, its next request may reach one of them at once: the trace it
+        is measured against is written now, not with the batch (FLUSH_DELAY later)."""
+
+        async def write() -> None:
+            try:
+                for key, value in traces.items():
+                    await self.store.put_json(key, value, ttl=RETENTION)
+            except StoreError as err:
+                event("accounting not stored: store unavailable", requests=1, error=str(err))
+
+        task = asyncio.get_running_loop().create_task(write())
+        self._trace_writes.add(task)
+        task.add_done_callback(self._trace_writes.discard)
 
     async def drain(self) -> None:
         """Write what is pending now and wait for it (shutdown, tests)."""
