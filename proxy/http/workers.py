@@ -11,7 +11,8 @@ What the workers share is the store: every rewrite decision, the figures,
 /ctx/v1; /metrics adds up every worker's values through files in a directory
 the parent owns for its lifetime (proxy/accounting/metrics.py). SIGTERM (or
 SIGINT) to the parent is passed to every worker, each drains as a single
-process does, and the parent waits for them all.
+process does, and the parent waits for them all; SIGHUP replaces the workers
+one by one, from the same Settings (the file is not read again).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tempfile
 from typing import Any
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess
 
 from proxy.accounting.metrics import SHARED_DIR_ENV
@@ -58,8 +60,12 @@ def serve_workers(settings: Settings, options: dict[str, Any]) -> None:
     sock = config.bind_socket()
     metrics_dir = tempfile.mkdtemp(prefix="ctxproxy-metrics-")
     os.environ[SHARED_DIR_ENV] = metrics_dir  # before the first worker is spawned: they inherit it
+    supervisor = Multiprocess(config, sockets=[sock])
     try:
-        Multiprocess(config, sockets=[sock]).run()
+        supervisor.run()
     finally:
         sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
+    if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
+        # uvicorn stops the parent when a worker fails to start (its log says why); so does a single process
+        raise SystemExit(STARTUP_FAILURE)
