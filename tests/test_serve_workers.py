@@ -7,6 +7,7 @@ worker that answered the request after it on that connection.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -25,6 +26,11 @@ import pytest
 from cli_main import run_main
 from test_figures import metric
 from test_serve import free_port
+
+from proxy.accounting.stats import stats
+from proxy.config import build_settings
+from proxy.http.routing import tenant_id
+from proxy.store.sqlite import SqliteStore
 
 MAX_ROUNDS = 12  # the crafted session sent again until every request of it was answered by both workers
 REDIS = "redis://127.0.0.1:6379/11"
@@ -178,6 +184,15 @@ def test_sigterm_to_the_parent_lets_every_worker_finish_its_requests(workers, up
     log = _log(workers)
     assert sorted(line["worker"] for line in log if line.get("msg") == "request") == sorted(answers)
     assert sum(line.get("msg") == "Application shutdown complete." for line in log) == 2
+    assert asyncio.run(_requests_stored(tmp_path / "shared.db", key)) == 2  # each worker wrote its figures first
+
+
+async def _requests_stored(db: Path, key: str) -> int:
+    store = SqliteStore(db)
+    try:
+        return (await stats(store, tenant_id(key, build_settings({}, env={}).tenant_salt)))["totals"]["all"]["requests"]
+    finally:
+        await store.close()
 
 
 @pytest.mark.parametrize("value, says", [("0", "greater than or equal to 1"), ("two", "valid integer"),
