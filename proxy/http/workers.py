@@ -36,6 +36,7 @@ class WorkerConfig(uvicorn.Config):
     def __init__(self, settings: Settings, **options: Any) -> None:
         self.settings = settings
         options.pop("http", None)  # made in the worker (load): a class built per settings does not pickle
+        # the app too is made in the worker (load); uvicorn wants an import string here to pickle the Config
         super().__init__("proxy.app:create_app", http="httptools", workers=settings.server.workers, **options)
 
     def configure_logging(self) -> None:
