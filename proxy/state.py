@@ -37,8 +37,17 @@ class ProxyState:
         metrics = Metrics(settings)
         return cls(settings=settings, upstream=upstream, store=store, windows=LearnedWindows(store),
                    metrics=metrics, accounting=Accountant(store, metrics, settings.logging.log_content,
-                                                        shared=settings.server.workers > 1),
+                                                        shared=shared_sessions(settings)),
                    pipelines=pipelines, tracing=tracing)
+
+
+def shared_sessions(settings: Settings) -> bool:
+    """Whether other processes may serve this proxy's sessions: several workers, or replicas on a shared store.
+
+    Then a session's previous request is read from the store, never from this process's
+    cache: behind a load balancer consecutive turns land on different replicas.
+    """
+    return settings.server.workers > 1 or not settings.store.lower().startswith("sqlite:")
 
 
 def state_of(request: Request) -> ProxyState:

@@ -1,4 +1,5 @@
-"""Two workers of one proxy (two apps on one store, `server.workers: 2`) measure each request as one process would.
+"""Two workers of one proxy (two apps on one store, `server.workers: 2`), or two replicas on one Redis,
+measure each request as one process would.
 
 A session whose requests alternate between the workers — A, B, A — gets the
 same timeline figures (the previous prompt each request is measured against,
@@ -19,8 +20,9 @@ from proxy_server import InProcessProxy, make_settings
 FIGURES = ("previous", "cacheable", "break", "prompt", "sent_tokens", "offloaded", "compactions")
 
 
-def _settings(upstream: Any, db: Path, workers: int) -> Any:
-    return make_settings(upstream.base_url, f"sqlite:///{db}", server={"workers": workers},
+def _settings(upstream: Any, db: Path | str, workers: int) -> Any:
+    store = db if isinstance(db, str) else f"sqlite:///{db}"
+    return make_settings(upstream.base_url, store, server={"workers": workers},
                          models={crafted.MODEL: {"context_window": crafted.WINDOW}},
                          defaults={**crafted.DEFAULTS, "status_bar": {"enabled": False}})
 
@@ -49,3 +51,13 @@ def test_alternating_workers_measure_each_request_as_one_process_does(upstream, 
         got = _timeline([a, b], upstream)
     assert got == expected
     assert [e["previous"] > 0 for e in got] == [False, True, True, True]  # each measured against the one before
+
+
+def test_replicas_on_redis_measure_each_request_as_one_process_does(upstream, tmp_path):
+    """Two replicas on one Redis (one worker each) behind a load balancer: the same figures as one process."""
+    with InProcessProxy(_settings(upstream, tmp_path / "one.db", 1)) as alone:
+        expected = _timeline([alone], upstream)
+    shared = _settings(upstream, "redis://127.0.0.1:6379/14", 1)
+    with InProcessProxy(shared) as a, InProcessProxy(shared) as b:
+        got = _timeline([a, b], upstream)
+    assert got == expected

@@ -12,11 +12,11 @@ agent share their tools and system prompt, which the provider caches for both
 
 Traces live in the store (they survive restarts and are shared by replicas) and
 in a bounded in-process cache. The cache is only read first when this process
-is the only one serving the sessions: with several workers (`serve --workers N`)
-consecutive requests of one session land on different workers, and a worker's
-cached trace would be an older request than the one the store holds; then the
-store is read every time (the cache still serves `last`), and the accountant
-writes each trace as soon as its request is recorded, not with its batch.
+is the only one serving the sessions: with several workers (`serve --workers N`),
+or replicas on Redis behind a load balancer, consecutive requests of one session
+land on different processes, and a process's cached trace would be an older
+request than the one the store holds; then the store is read every time (the
+cache still serves `last`), and the accountant writes each trace as soon as its request is recorded, not with its batch.
 """
 
 from __future__ import annotations
