@@ -134,6 +134,7 @@ def proxy(make_proxy: MakeProxy, request: pytest.FixtureRequest) -> Any:
 import socket  # noqa: E402
 
 import redis  # noqa: E402
+from redis_topology import redis_cluster, redis_sentinel  # noqa: E402, F401 - the local Cluster and Sentinel set
 
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 

@@ -1,8 +1,11 @@
-"""One behavioural contract, run against every Store backend (SQLite file and real Redis).
+"""One behavioural contract, run against every Store backend (SQLite file and real Redis: one server,
+a Redis Cluster, a Sentinel-managed primary).
 
 Redis tests use CTXPROXY_TEST_REDIS_URL (default redis://127.0.0.1:6379/15) under a
 random key prefix per test, removed afterwards. If Redis is unreachable they FAIL,
-unless CTXPROXY_SKIP_REDIS=1, in which case they skip.
+unless CTXPROXY_SKIP_REDIS=1, in which case they skip. The cluster and the Sentinel
+set are started locally (tests/redis_topology.py); on the cluster, no node may have
+answered CROSSSLOT when a test ends.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ def _redacted(url: str) -> str:
 class Backend:
     """Opens store instances that share one backend: the same SQLite file, or the same Redis db+prefix."""
 
-    def __init__(self, kind: str, tmp_path: Path) -> None:
+    def __init__(self, kind: str, tmp_path: Path, url: str = REDIS_URL) -> None:
         self.kind = kind
+        self.url = url
         self.path = tmp_path / "not-yet-created" / "state.db"
         self.prefix = f"ctxproxy-test:{uuid.uuid4().hex}:"
         self.opened: list[Store] = []
@@ -53,7 +57,7 @@ class Backend:
         if self.kind == "sqlite":
             store = SqliteStore(self.path)
         else:
-            store = RedisStore(REDIS_URL, prefix=self.prefix)
+            store = RedisStore(self.url, prefix=self.prefix)
         self.opened.append(store)
         return store
 
@@ -63,7 +67,7 @@ class Backend:
                 await store.close()
             except StoreError:
                 pass
-        if self.kind == "redis":
+        if self.kind == "redis":  # the cluster and the Sentinel set are the suite's own, gone after it
             raw = aioredis.Redis.from_url(REDIS_URL)
             try:
                 doomed = [k async for k in raw.scan_iter(match=f"{self.prefix}*")]
@@ -76,9 +80,12 @@ class Backend:
 BACKEND_KEY = pytest.StashKey[Backend]()
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "cluster", "sentinel"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    backend = Backend(request.param, tmp_path)
+    topology = None
+    if request.param in ("cluster", "sentinel"):
+        topology = request.getfixturevalue(f"redis_{request.param}")
+    backend = Backend(request.param, tmp_path, REDIS_URL if topology is None else topology.url)
     first = backend.open()
     if backend.kind == "redis" and not await first.ping():
         await first.close()
@@ -92,6 +99,8 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     request.node.stash[BACKEND_KEY] = backend
     yield first
     await backend.cleanup()
+    if request.param == "cluster":
+        assert topology.crossslot_errors() == 0, "a cluster node answered CROSSSLOT"
 
 
 @pytest.fixture

@@ -104,8 +104,13 @@ class RedisStore(SharedOpsMixin):
             raise StoreError(f"redis {op} failed: {type(exc).__name__}: {exc}") from exc
 
     def _pipeline(self) -> Any:
-        """A non-transactional pipeline: one round trip per node, each command on its key's node."""
+        """A non-transactional pipeline: one round trip per node, each command on its key's node. Run it with `_run`."""
         return self._client.pipeline(transaction=False)
+
+    async def _run(self, pipe: Any) -> list[Any]:
+        if isinstance(self._client, RedisCluster):
+            await self._client.initialize()  # route by the slot map, not to any node (redis_client.RoutedCluster)
+        return cast("list[Any]", await pipe.execute())
 
     async def _wait_after(self, pipe: Any, name: bytes) -> None:
         """Queue a WAIT behind the write to ``name``, on its node and connection (WAIT counts that connection's)."""
@@ -125,16 +130,16 @@ class RedisStore(SharedOpsMixin):
         pipe = self._pipeline()
         pipe.execute_command(*command, **options)
         await self._wait_after(pipe, name)
-        return (await pipe.execute())[0]
+        return (await self._run(pipe))[0]
 
     async def _mget(self, names: list[bytes]) -> list[bytes | None]:
         """MGET of names in any slots: one MGET per slot, all in one pipeline."""
         groups = by_slot(names)
         pipe = self._pipeline()
         for positions in groups.values():
-            pipe.mget([names[i] for i in positions])
+            pipe.execute_command("MGET", *(names[i] for i in positions))  # a cluster pipeline blocks .mget()
         out: list[bytes | None] = [None] * len(names)
-        for positions, values in zip(groups.values(), await pipe.execute()):
+        for positions, values in zip(groups.values(), await self._run(pipe)):
             for i, value in zip(positions, values):
                 out[i] = value
         return out
@@ -192,7 +197,7 @@ class RedisStore(SharedOpsMixin):
                 pipe.eval(redis_lua.PUT_COUNTED, 4 + len(named), blob, *books,
                           *(self._k(_BLOB, m) for m in named), *args, *(m.encode() for m in named))
                 await self._wait_after(pipe, blob)
-                answer = (await pipe.execute())[0]
+                answer = (await self._run(pipe))[0]
                 if not isinstance(answer, list):
                     return int(answer)
                 named = list(dict.fromkeys([m.decode() for m in answer] + named))
@@ -232,7 +237,7 @@ class RedisStore(SharedOpsMixin):
                     pipe.incrby(k, amount)
                 else:
                     pipe.incrbyfloat(k, amount)
-            await pipe.execute()
+            await self._run(pipe)
 
     async def get_counter(self, key: str) -> int | float:
         with self._errors("get_counter"):
@@ -267,7 +272,7 @@ class RedisStore(SharedOpsMixin):
                 index = {name: n for n, name in enumerate(logs, 1)}
                 pairs = [x for i in positions for x in (index[names[i]], entries[i][1])]
                 pipe.eval(redis_lua.APPEND_LOGS, len(logs), *logs, *head, *pairs)
-            await pipe.execute()
+            await self._run(pipe)
 
     async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
         with self._errors("read_log"):

@@ -30,6 +30,22 @@ RETRY_BACKOFF_CAP_S = 0.1
 Client = aioredis.Redis | RedisCluster
 
 
+class RoutedCluster(RedisCluster):
+    """RedisCluster that has its slot map before it routes a command.
+
+    redis-py 8.1 picks a command's routing before it initializes the client: a command
+    issued before the first slot map (or after a connection error reset it) goes to an
+    arbitrary node, is answered MOVED, and handling the redirect closes connections other
+    commands are in the middle of using (they fail with AttributeError or "connection
+    closed"). Initializing first, once, routes every command by its key.
+    """
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if self._initialize:
+            await self.initialize()
+        return await super().execute_command(*args, **kwargs)
+
+
 def _retry() -> Retry:
     return Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP_S, base=RETRY_BACKOFF_BASE_S), RETRIES,
                  supported_errors=(RedisConnectionError,))
@@ -45,7 +61,7 @@ def open_client(target: RedisTarget, connect_timeout: float, socket_timeout: flo
         return client
     auth: dict[str, Any] = {"username": target.username, "password": target.password}
     if target.mode == "cluster":
-        return RedisCluster(
+        return RoutedCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
             decode_responses=False, ssl=target.ssl, retry=_retry(), **auth, **timeouts)
     sentinel_auth = {"password": target.sentinel_password} if target.sentinel_password else {}
