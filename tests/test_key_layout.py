@@ -30,7 +30,7 @@ def test_slot_groups(key: str, group: str) -> None:
 
 
 def test_the_keys_one_operation_mixes_share_a_slot() -> None:
-    for key in ("t:T:x", "t:T:s:S:x", "stats:T:x"):  # delete: a key's blob, counter and log
+    for key in ("t:T:x", "t:T:s:S:x"):  # delete: a key's blob, counter and log
         assert len({key_slot(LAYOUT.name(kind, key)) for kind in ("b:", "c:", "l:")}) == 1, key
     books = [LAYOUT.name("q:", _quota_group("T") + part, group=_quota_group("T")) for part in (":order", ":meta")]
     counted = {key_slot(n) for n in (LAYOUT.name("b:", _blob_key("T", "ctx_1")), LAYOUT.name("b:", _blob_key("T", "z")),

@@ -198,15 +198,17 @@ async def test_get_many_preserves_order_duplicates_and_gaps(store: Store) -> Non
 
 
 async def test_delete_forgets_blob_counter_and_log(store: Store) -> None:
-    await store.put("t:a:x", b"v")
-    await store.incr("t:a:x", 3)
-    await store.append_log("t:a:x", b"e")
+    for key in ("t:a:x", "stats:a:x"):  # a key of the schema, and one outside it (no slot group)
+        await store.put(key, b"v")
+        await store.incr(key, 3)
+        await store.append_log(key, b"e")
     await store.put("t:a:y", b"kept")
-    await store.delete("t:a:x")
+    for key in ("t:a:x", "stats:a:x"):
+        await store.delete(key)
+        assert await store.get(key) is None
+        assert await store.get_counter(key) == 0
+        assert await store.read_log(key) == []
     await store.delete("t:a:never-existed")
-    assert await store.get("t:a:x") is None
-    assert await store.get_counter("t:a:x") == 0
-    assert await store.read_log("t:a:x") == []
     assert await store.get("t:a:y") == b"kept"
 
 

@@ -181,7 +181,7 @@ class RedisStore(SharedOpsMixin):
             return await self._mget([self._k(_BLOB, k) for k in keys])
 
     async def delete(self, key: str) -> None:
-        with self._errors("delete"):  # the three names share the key's tag: one slot
+        with self._errors("delete"):  # one slot for a key of the schema; RedisCluster.delete splits the others by slot
             await self._client.delete(self._k(_BLOB, key), self._k(_COUNTER, key), self._k(_LOG, key))
 
     async def put_counted(self, key: str, value: bytes, group: str, quota: int, ttl: float | None = None) -> int:
