@@ -96,7 +96,8 @@ class Server:
             argv = ["redis-server", str(conf), "--sentinel", "--port", str(self.port), "--bind", HOST]
         else:
             argv = ["redis-server", "--port", str(self.port), "--bind", HOST, "--dir", str(self.home),
-                    "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0", *self.args]
+                    "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0",
+                    "--enable-debug-command", "local", *self.args]  # DEBUG SLEEP stalls a replica in a test
         log = open(self.home / "server.log", "ab")  # noqa: SIM115 - the process owns it while it runs
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.home)
         log.close()

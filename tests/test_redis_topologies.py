@@ -9,6 +9,7 @@ sentinels promote theirs after 0.5 s of silence.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -27,7 +28,7 @@ from test_compress import agent_run, chat_requests, post, responder, settings
 import proxy.store.guarded as guarded
 from proxy.http.routing import tenant_id
 from proxy.store.keys import tenant_key
-from proxy.store.redis import DEFAULT_PREFIX
+from proxy.store.redis import DEFAULT_PREFIX, RedisStore
 from proxy.store.redis_layout import KeyLayout
 
 SALT = "ctxproxy-tenant-v1"
@@ -57,6 +58,35 @@ def test_two_replicas_send_the_same_bytes_as_one_proxy(upstream, tmp_path, topol
     assert via_two == [r.body for r in chat_requests(upstream)]
     if isinstance(request.getfixturevalue(topology), Cluster):
         assert request.getfixturevalue(topology).crossslot_errors() == 0
+
+
+@pytest.mark.parametrize("topology", ["redis_cluster", "redis_sentinel"])
+async def test_a_handle_write_waits_for_the_replica_of_its_own_primary(topology, request):
+    """WAIT counts the writes of the connection it is sent on: sent anywhere else it would answer at once, the write
+    unchecked. While the replica that serves the write's primary cannot answer, the write is said unreplicated."""
+    topo = request.getfixturevalue(topology)
+    store = RedisStore(topo.url + "?wait=1&wait_ms=50", prefix=f"ctxproxy-test:{uuid.uuid4().hex}:")
+    try:
+        await store.put("t:wait:blob:a", b"v")
+        await store.put_counted("t:wait:blob:b", b"v", "t:wait:archive", 1000)
+        assert store.unreplicated == 0  # the replica answered
+        name = store.layout.name("b:", "t:wait:blob:c")
+        if isinstance(topo, Cluster):
+            replica = topo.replica_of(topo.primary_of(name))
+        else:
+            replica = topo.replica.port
+        stalled = client(replica)
+        stall = asyncio.get_running_loop().run_in_executor(None, stalled.execute_command, "DEBUG", "SLEEP", "0.5")
+        await asyncio.sleep(0.1)  # the replica is asleep: it acknowledges nothing until it wakes
+        await store.put("t:wait:blob:c", b"v")
+        assert store.unreplicated == 1
+        assert await store.put_if_absent("t:wait:blob:c", b"w") is False  # nothing written, nothing to wait for
+        await stall
+        await store.put("t:wait:blob:d", b"v")
+        assert store.unreplicated in (1, 2)  # 2 only if put_if_absent's WAIT ran while the replica still slept
+        assert await store.get("t:wait:blob:c") == b"v"
+    finally:
+        await store.close()
 
 
 # --------------------------------------------------------------------------- failover

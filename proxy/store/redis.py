@@ -88,6 +88,7 @@ class RedisStore(SharedOpsMixin):
         target = parse_redis_url(url)
         self.mode = target.mode
         self.wait, self.wait_ms = target.wait, target.wait_ms
+        self.unreplicated = 0  # acknowledged writes no replica had within wait_ms: a failover may lose them
         self._client: Client = open_client(target, connect_timeout, socket_timeout)
         self._cluster = isinstance(self._client, RedisCluster)
         self._renew = self._client.register_script(redis_lua.RENEW)
@@ -130,7 +131,17 @@ class RedisStore(SharedOpsMixin):
         pipe = self._pipeline()
         pipe.execute_command(*command, **options)
         await self._wait_after(pipe, name)
-        return (await self._run(pipe))[0]
+        return (await self._run_waited(pipe))[0]
+
+    async def _run_waited(self, pipe: Any) -> list[Any]:
+        """Run a pipeline that ends in the WAIT `_wait_after` queued: the other replies; a write fewer replicas
+        acknowledged than asked (in time) counts in ``unreplicated`` (only the primary holds it)."""
+        return self._acked(await self._run(pipe))
+
+    def _acked(self, replies: list[Any]) -> list[Any]:
+        if self.wait and int(replies.pop()) < self.wait:
+            self.unreplicated += 1
+        return replies
 
     async def _mget(self, names: list[bytes]) -> list[bytes | None]:
         """MGET of names in any slots: one MGET per slot, all in one pipeline."""
@@ -197,8 +208,10 @@ class RedisStore(SharedOpsMixin):
                 pipe.eval(redis_lua.PUT_COUNTED, 4 + len(named), blob, *books,
                           *(self._k(_BLOB, m) for m in named), *args, *(m.encode() for m in named))
                 await self._wait_after(pipe, blob)
-                answer = (await self._run(pipe))[0]
-                if not isinstance(answer, list):
+                replies = await self._run(pipe)
+                answer = replies[0]
+                if not isinstance(answer, list):  # stored (else nothing was written: the WAIT says nothing)
+                    self._acked(replies)
                     return int(answer)
                 named = list(dict.fromkeys([m.decode() for m in answer] + named))
         raise StoreError(f"redis put_counted failed: the group's evictions changed {COUNTED_ATTEMPTS} times in a row")
