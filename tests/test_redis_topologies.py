@@ -28,8 +28,7 @@ from test_compress import agent_run, chat_requests, post, responder, settings
 import proxy.store.guarded as guarded
 from proxy.http.routing import tenant_id
 from proxy.store.keys import tenant_key
-from proxy.store.redis import DEFAULT_PREFIX, RedisStore
-from proxy.store.redis_layout import KeyLayout
+from proxy.store.redis import RedisStore
 
 SALT = "ctxproxy-tenant-v1"
 HANDLE = re.compile(r'context_read\(handle="(ctx_[0-9a-f]+)"')
@@ -194,7 +193,8 @@ def test_cluster_primary_killed_mid_session(upstream, tmp_path: Path, caplog, mo
         assert isinstance(cluster, Cluster)
 
         def kill(tenant: str) -> None:
-            primary = cluster.primary_of(KeyLayout(DEFAULT_PREFIX).name("b:", tenant_key(tenant, "blob", "x")))
+            layout = RedisStore(cluster.url).layout  # the proxies' own prefix (no connection is opened)
+            primary = cluster.primary_of(layout.name("b:", tenant_key(tenant, "blob", "x")))
             replica = cluster.replica_of(primary)
             cluster.node(primary).kill()
             killed.append((primary, replica))

@@ -82,8 +82,9 @@ def test_check_asks_a_live_cluster_and_sentinel_set(redis_cluster, redis_sentine
 
 
 async def test_both_topologies_open_with_the_store_timeout(redis_cluster, redis_sentinel) -> None:
-    for url in (redis_cluster.url, redis_sentinel.url):
+    for url, mode in ((redis_cluster.url, "cluster"), (redis_sentinel.url, "sentinel")):
         store = open_store(url, 0.3)
+        assert isinstance(store, RedisStore) and store.mode == mode
         try:
             await store.put("t:urls:k", b"v")
             assert await store.get("t:urls:k") == b"v"

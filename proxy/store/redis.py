@@ -90,7 +90,6 @@ class RedisStore(SharedOpsMixin):
         self.wait, self.wait_ms = target.wait, target.wait_ms
         self.unreplicated = 0  # acknowledged writes no replica had within wait_ms: a failover may lose them
         self._client: Client = open_client(target, connect_timeout, socket_timeout)
-        self._cluster = isinstance(self._client, RedisCluster)
         self._renew = self._client.register_script(redis_lua.RENEW)
         self._release = self._client.register_script(redis_lua.RELEASE)
 
