@@ -66,7 +66,7 @@ def open_client(target: RedisTarget, connect_timeout: float, socket_timeout: flo
             decode_responses=False, ssl=target.ssl, retry=_retry(), **auth, **timeouts)
     sentinel_auth = {"password": target.sentinel_password} if target.sentinel_password else {}
     sentinels = Sentinel(list(target.nodes),  # type: ignore[no-untyped-call]
-                         sentinel_kwargs={**timeouts, **sentinel_auth, "retry": _retry()})
+                         sentinel_kwargs={**timeouts, **sentinel_auth, "retry": _retry(), "ssl": target.ssl})
     assert target.service is not None  # parse_redis_url requires it for a sentinel URL
     primary = sentinels.master_for(target.service, redis_class=aioredis.Redis, db=target.db, ssl=target.ssl,
                                    decode_responses=False, retry=_retry(), **auth, **timeouts)
