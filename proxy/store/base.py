@@ -57,7 +57,7 @@ class Store(Protocol):
     async def put_json_if_absent(self, key: str, value: Any, ttl: float | None = None) -> bool: ...
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
-        """Blobs for ``keys`` in order, ``None`` where absent, in one round trip."""
+        """Blobs for ``keys`` in order, ``None`` where absent, in one round trip (per node, on a cluster)."""
         ...
 
     async def delete(self, key: str) -> None:
@@ -86,7 +86,8 @@ class Store(Protocol):
         ...
 
     async def incr_many(self, amounts: dict[str, int | float]) -> None:
-        """Add to several counters in one round trip (accounting writes ~20 per request)."""
+        """Add to several counters in one round trip per node (accounting writes ~20 per request); each add is
+        atomic on its own, the batch is not a transaction."""
         ...
 
     async def get_counter(self, key: str) -> int | float: ...

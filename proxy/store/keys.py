@@ -12,6 +12,10 @@ route's policy never replays it; the text a handle names is tenant-wide, so
 it reads back on any route. Route names hold no ':' (proxy/config.py), so a
 route's keys never collide with another kind. The strings are persisted:
 changing one orphans data.
+
+A key's slot group (`slot_group`) is the part a sharded backend hashes: a
+session's keys stay together, the rest of a tenant's together, so every
+operation that touches several keys at once touches one Redis Cluster slot.
 """
 
 from __future__ import annotations
