@@ -96,8 +96,7 @@ class Server:
             argv = ["redis-server", str(conf), "--sentinel", "--port", str(self.port), "--bind", HOST]
         else:
             argv = ["redis-server", "--port", str(self.port), "--bind", HOST, "--dir", str(self.home),
-                    "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0",
-                    "--enable-debug-command", "local", *self.args]  # DEBUG SLEEP stalls a replica in a test
+                    "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0", *self.args]
         log = open(self.home / "server.log", "ab")  # noqa: SIM115 - the process owns it while it runs
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.home)
         log.close()
@@ -108,6 +107,16 @@ class Server:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
+
+    @contextmanager
+    def stopped(self) -> Iterator[None]:
+        """SIGSTOP for the block: the process holds its connections and answers nothing, as a stalled host does."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

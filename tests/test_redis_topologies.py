@@ -9,7 +9,6 @@ sentinels promote theirs after 0.5 s of silence.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
@@ -27,7 +26,7 @@ from test_compress import agent_run, chat_requests, post, responder, settings
 
 import proxy.store.guarded as guarded
 from proxy.http.routing import tenant_id
-from proxy.store.keys import tenant_key
+from proxy.store.keys import session_key, tenant_key
 from proxy.store.redis import RedisStore
 
 SALT = "ctxproxy-tenant-v1"
@@ -62,30 +61,26 @@ def test_two_replicas_send_the_same_bytes_as_one_proxy(upstream, tmp_path, topol
 @pytest.mark.parametrize("topology", ["redis_cluster", "redis_sentinel"])
 async def test_a_handle_write_waits_for_the_replica_of_its_own_primary(topology, request):
     """WAIT counts the writes of the connection it is sent on: sent anywhere else it would answer at once, the write
-    unchecked. While the replica that serves the write's primary cannot answer, the write is said unreplicated."""
+    unchecked. While the replica of the write's own primary is stopped, the write is said unreplicated."""
     topo = request.getfixturevalue(topology)
-    store = RedisStore(topo.url + "?wait=1&wait_ms=50", prefix=f"ctxproxy-test:{uuid.uuid4().hex}:")
+    prefix = f"ctxproxy-test:{uuid.uuid4().hex}:"
+    patient = RedisStore(topo.url + "?wait=1&wait_ms=5000", prefix=prefix, socket_timeout=10)  # replicas answer
+    impatient = RedisStore(topo.url + "?wait=1&wait_ms=50", prefix=prefix)
     try:
-        await store.put("t:wait:blob:a", b"v")
-        await store.put_counted("t:wait:blob:b", b"v", "t:wait:archive", 1000)
-        assert store.unreplicated == 0  # the replica answered
-        name = store.layout.name("b:", "t:wait:blob:c")
-        if isinstance(topo, Cluster):
-            replica = topo.replica_of(topo.primary_of(name))
-        else:
-            replica = topo.replica.port
-        stalled = client(replica)
-        stall = asyncio.get_running_loop().run_in_executor(None, stalled.execute_command, "DEBUG", "SLEEP", "0.5")
-        await asyncio.sleep(0.1)  # the replica is asleep: it acknowledges nothing until it wakes
-        await store.put("t:wait:blob:c", b"v")
-        assert store.unreplicated == 1
-        assert await store.put_if_absent("t:wait:blob:c", b"w") is False  # nothing written, nothing to wait for
-        await stall
-        await store.put("t:wait:blob:d", b"v")
-        assert store.unreplicated in (1, 2)  # 2 only if put_if_absent's WAIT ran while the replica still slept
-        assert await store.get("t:wait:blob:c") == b"v"
+        await patient.put("t:wait:blob:a", b"v")
+        await patient.put_counted("t:wait:blob:b", b"v", "t:wait:archive", 1000)
+        assert patient.unreplicated == 0  # the replica acknowledged both
+        name = impatient.layout.name("b:", "t:wait:blob:c")
+        replica = topo.node(topo.replica_of(topo.primary_of(name))) if isinstance(topo, Cluster) else topo.replica
+        with replica.stopped():  # far shorter than the node timeout or down-after: no failover
+            await impatient.put("t:wait:blob:c", b"v")
+        assert impatient.unreplicated == 1
+        await patient.put("t:wait:blob:d", b"v")
+        assert patient.unreplicated == 0
+        assert await patient.get("t:wait:blob:c") == b"v"  # on the primary all along
     finally:
-        await store.close()
+        await patient.close()
+        await impatient.close()
 
 
 # --------------------------------------------------------------------------- failover
@@ -104,9 +99,9 @@ def session_turn(history: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 class Agent:
     """One agent session through two proxies, alternating; what each request sent upstream is kept."""
 
-    def __init__(self, proxies: list[InProcessProxy], upstream: Any, key: str) -> None:
+    def __init__(self, proxies: list[InProcessProxy], upstream: Any, key: str, session: str) -> None:
         self.clients = [p.http_client(timeout=REQUEST_TIMEOUT_S) for p in proxies]
-        self.upstream, self.key = upstream, key
+        self.upstream, self.key, self.session = upstream, key, session
         self.history: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
                                               {"role": "user", "content": "Find the failing item in the logs."}]
         self.n = 0
@@ -120,7 +115,7 @@ class Agent:
         r = self.clients[self.n % 2].post(
             "/v1/chat/completions", content=raw,
             headers={"content-type": "application/json", "authorization": f"Bearer {self.key}",
-                     "x-session-id": "failover-session"})
+                     "x-session-id": self.session})
         assert r.status_code == 200, r.text
         return r, raw, self.upstream.requests[-1].body
 
@@ -145,15 +140,14 @@ def handles_of(body: bytes) -> list[str]:
     return [h for m in orjson.loads(body)["messages"] if m["role"] == "tool" for h in HANDLE.findall(m["content"])]
 
 
-def failover_run(upstream: Any, url: str, kill_primary: Callable[[str], None], caplog: pytest.LogCaptureFixture,
-                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The scenario, on either topology: `kill_primary(tenant)` SIGKILLs the primary holding the tenant's handles."""
+def failover_run(upstream: Any, url: str, kill_primary: Callable[[], None], key: str, session: str,
+                 caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scenario, on either topology: `kill_primary()` SIGKILLs the primary holding the session and its handles."""
     monkeypatch.setattr(guarded, "MAX_BACKOFF_S", 1.0)  # a probe at least every second: recovery shows quickly
     caplog.set_level(logging.DEBUG)
-    key = f"sk-{uuid.uuid4()}"
     cfg = make_settings(upstream.base_url, url, defaults=OFFLOAD)
     with InProcessProxy(cfg) as p1, InProcessProxy(cfg) as p2:
-        agent = Agent([p1, p2], upstream, key)
+        agent = Agent([p1, p2], upstream, key, session)
         try:
             sent_before: list[bytes] = []
             for _ in range(TURNS_BEFORE):
@@ -163,7 +157,7 @@ def failover_run(upstream: Any, url: str, kill_primary: Callable[[str], None], c
             given = handles_of(sent_before[-1])
             assert len(given) == TURNS_BEFORE  # every result offloaded, each behind its own handle
 
-            kill_primary(tenant_id(key, SALT))
+            kill_primary()
             for _ in range(TURNS_DURING):  # the gap: answered, the client's own bytes forwarded
                 r, raw, sent = agent.turn()
                 assert r.headers.get("x-ctxproxy-degraded") == "store-unavailable"
@@ -192,16 +186,15 @@ def test_cluster_primary_killed_mid_session(upstream, tmp_path: Path, caplog, mo
     with running(Cluster(tmp_path / "cluster")) as cluster:
         assert isinstance(cluster, Cluster)
 
-        def kill(tenant: str) -> None:
-            layout = RedisStore(cluster.url).layout  # the proxies' own prefix (no connection is opened)
-            primary = cluster.primary_of(layout.name("b:", tenant_key(tenant, "blob", "x")))
-            replica = cluster.replica_of(primary)
-            cluster.node(primary).kill()
-            killed.append((primary, replica))
-
-        killed: list[tuple[int, int]] = []
-        failover_run(upstream, cluster.url, kill, caplog, monkeypatch)
-        primary, replica = killed[0]
+        key = f"sk-{uuid.uuid4()}"
+        tenant = tenant_id(key, SALT)
+        layout = RedisStore(cluster.url).layout  # the proxies' own prefix (no connection is opened)
+        primary = cluster.primary_of(layout.name("b:", tenant_key(tenant, "blob", "x")))  # the tenant's handles
+        # A session whose own keys (timeline, inspector, compactions) sit on that primary too: its death takes both.
+        session = next(s for s in (f"failover-{n}" for n in range(1000))
+                       if cluster.primary_of(layout.name("l:", session_key(tenant, s, "timeline"))) == primary)
+        replica = cluster.replica_of(primary)
+        failover_run(upstream, cluster.url, cluster.node(primary).kill, key, session, caplog, monkeypatch)
         assert client(replica).info("replication")["role"] == "master"  # promoted by the cluster itself
         assert cluster.crossslot_errors() == 0
 
@@ -212,9 +205,7 @@ def test_sentinel_primary_killed_mid_session(upstream, tmp_path: Path, caplog, m
         assert isinstance(sentinels, SentinelSet)
         first = sentinels.primary_port()
 
-        def kill(tenant: str) -> None:
-            sentinels.primary.kill()
-
-        failover_run(upstream, sentinels.url, kill, caplog, monkeypatch)
+        failover_run(upstream, sentinels.url, sentinels.primary.kill, f"sk-{uuid.uuid4()}", "failover-session",
+                     caplog, monkeypatch)
         assert sentinels.primary_port() == sentinels.replica.port != first
 

@@ -71,6 +71,12 @@ def test_the_config_accepts_the_three_forms_and_refuses_a_malformed_one(tmp_path
     assert "service-name" in str(info.value) and SECRET not in str(info.value)
 
 
+def test_a_wait_never_outlasts_the_socket_timeout() -> None:
+    """WAIT blocks its connection: a wait past the socket timeout would fail the very write it guards."""
+    assert RedisStore("redis+cluster://h:1/?wait_ms=5000", socket_timeout=0.5).wait_ms == 250
+    assert RedisStore("redis+cluster://h:1/?wait_ms=30", socket_timeout=0.5).wait_ms == 30
+
+
 def test_a_store_prefix_with_a_brace_is_refused() -> None:
     with pytest.raises(ValueError, match="must not contain"):
         RedisStore("redis://127.0.0.1:6379/0", prefix="app{1}:")

@@ -43,6 +43,8 @@ COUNTED_ATTEMPTS = 8
 # Members a counted put that must evict names beyond the ones it evicts, so a concurrent
 # eviction of a few of them rarely costs another round trip.
 COUNTED_SLACK = 16
+# At most this share of the socket timeout goes to waiting for replicas (the rest to the write).
+WAIT_SHARE = 0.5
 # redis-py types every reply as `bytes | str` whatever the client's decode_responses; this
 # client always has decode_responses=False (checked in open_client), so replies are
 # bytes and are cast to that where they are returned.
@@ -87,7 +89,8 @@ class RedisStore(SharedOpsMixin):
         self.prefix = prefix
         target = parse_redis_url(url)
         self.mode = target.mode
-        self.wait, self.wait_ms = target.wait, target.wait_ms
+        # A WAIT blocks its connection: past the socket timeout it would fail the write it guards.
+        self.wait, self.wait_ms = target.wait, min(target.wait_ms, int(socket_timeout * 1000 * WAIT_SHARE))
         self.unreplicated = 0  # acknowledged writes no replica had within wait_ms: a failover may lose them
         self._client: Client = open_client(target, connect_timeout, socket_timeout)
         self._renew = self._client.register_script(redis_lua.RENEW)
