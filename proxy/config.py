@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from proxy.config_keys import keys_at, unknown
 from proxy.errors import ConfigError
 from proxy.rewrite.settings import SECTION_MODELS, Impossible
+from proxy.store.redis_url import SCHEMES as REDIS_SCHEMES
+from proxy.store.redis_url import parse_redis_url
 
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
@@ -303,9 +305,16 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
         if f"CTXPROXY_{key.upper()}" in env:
             server[key] = env[f"CTXPROXY_{key.upper()}"]
     server_s = _validate(ServerSettings, server, "server", f"{source} (or CTXPROXY_HOST/PORT/WORKERS)")
-    if not file.store.startswith(("sqlite://", "redis://", "rediss://")):
+    if not file.store.startswith(("sqlite://", *(f"{s}://" for s in REDIS_SCHEMES))):
         scheme = file.store.split("://", 1)[0] if "://" in file.store else file.store[:20]
-        raise ConfigError(f"{source}: store: expected sqlite:///path.db or redis://host:port/db, got scheme {scheme!r}")
+        raise ConfigError(f"{source}: store: expected sqlite:///path.db, redis://host:port/db, "
+                          f"redis+cluster://host:port,... or redis+sentinel://host:port,.../service, "
+                          f"got scheme {scheme!r}")
+    if not file.store.startswith("sqlite://"):
+        try:
+            parse_redis_url(file.store)
+        except ValueError as e:  # names the scheme or the option, never the URL (it may hold a password)
+            raise ConfigError(f"{source}: store: {e}") from None
 
     models = _section_models()
     defaults = _renamed(file.defaults)

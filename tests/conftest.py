@@ -132,8 +132,12 @@ def proxy(make_proxy: MakeProxy, request: pytest.FixtureRequest) -> Any:
 # ============================================================================
 
 import socket  # noqa: E402
+import uuid  # noqa: E402
 
 import redis  # noqa: E402
+from redis_topology import redis_cluster, redis_sentinel  # noqa: E402, F401 - the local Cluster and Sentinel set
+
+from proxy.store.redis import RedisStore  # noqa: E402
 
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 
@@ -156,16 +160,28 @@ def _redis_keys() -> dict[int, set[bytes]] | None:
     return out
 
 
+# Every Redis store this process opens writes under a prefix of this run's own (in-process proxies, the
+# store tests' helpers), so `redis_left_as_found` can remove what this run wrote and nothing another run
+# sharing the test Redis wrote meanwhile. Proxies started as subprocesses still write under `ctxproxy:`.
+RUN_PREFIX = f"ctxproxy-run-{uuid.uuid4().hex[:12]}:"
+OTHER_RUNS = (b"ctxproxy-run-", b"ctxproxy-test:")  # other runs' (the store contract cleans its own per test)
+RedisStore.__init__.__kwdefaults__["prefix"] = RUN_PREFIX
+
+
+def _ours(key: bytes) -> bool:
+    return key.startswith(RUN_PREFIX.encode()) or not key.startswith(OTHER_RUNS)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def redis_left_as_found() -> Iterator[None]:
-    """The suite deletes what it writes to Redis: keys that were not there before it ran are removed after."""
+    """The suite deletes what it writes to Redis: keys of this run (or of no run) that were not there before it ran."""
     before = _redis_keys()
     yield
     after = _redis_keys()
     if before is None or after is None:
         return
     for db, keys in after.items():
-        new = list(keys - before.get(db, set()))
+        new = [k for k in keys - before.get(db, set()) if _ours(k)]
         if new:
             client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db, socket_timeout=5)
             try:

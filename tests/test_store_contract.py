@@ -1,8 +1,11 @@
-"""One behavioural contract, run against every Store backend (SQLite file and real Redis).
+"""One behavioural contract, run against every Store backend (SQLite file and real Redis: one server,
+a Redis Cluster, a Sentinel-managed primary).
 
 Redis tests use CTXPROXY_TEST_REDIS_URL (default redis://127.0.0.1:6379/15) under a
 random key prefix per test, removed afterwards. If Redis is unreachable they FAIL,
-unless CTXPROXY_SKIP_REDIS=1, in which case they skip.
+unless CTXPROXY_SKIP_REDIS=1, in which case they skip. The cluster and the Sentinel
+set are started locally (tests/redis_topology.py); on the cluster, no node may have
+answered CROSSSLOT when a test ends.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ def _redacted(url: str) -> str:
 class Backend:
     """Opens store instances that share one backend: the same SQLite file, or the same Redis db+prefix."""
 
-    def __init__(self, kind: str, tmp_path: Path) -> None:
+    def __init__(self, kind: str, tmp_path: Path, url: str = REDIS_URL) -> None:
         self.kind = kind
+        self.url = url
         self.path = tmp_path / "not-yet-created" / "state.db"
         self.prefix = f"ctxproxy-test:{uuid.uuid4().hex}:"
         self.opened: list[Store] = []
@@ -53,7 +57,7 @@ class Backend:
         if self.kind == "sqlite":
             store = SqliteStore(self.path)
         else:
-            store = RedisStore(REDIS_URL, prefix=self.prefix)
+            store = RedisStore(self.url, prefix=self.prefix)
         self.opened.append(store)
         return store
 
@@ -63,7 +67,7 @@ class Backend:
                 await store.close()
             except StoreError:
                 pass
-        if self.kind == "redis":
+        if self.kind == "redis":  # the cluster and the Sentinel set are the suite's own, gone after it
             raw = aioredis.Redis.from_url(REDIS_URL)
             try:
                 doomed = [k async for k in raw.scan_iter(match=f"{self.prefix}*")]
@@ -76,9 +80,12 @@ class Backend:
 BACKEND_KEY = pytest.StashKey[Backend]()
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "cluster", "sentinel"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    backend = Backend(request.param, tmp_path)
+    topology = None
+    if request.param in ("cluster", "sentinel"):
+        topology = request.getfixturevalue(f"redis_{request.param}")
+    backend = Backend(request.param, tmp_path, REDIS_URL if topology is None else topology.url)
     first = backend.open()
     if backend.kind == "redis" and not await first.ping():
         await first.close()
@@ -92,6 +99,8 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     request.node.stash[BACKEND_KEY] = backend
     yield first
     await backend.cleanup()
+    if request.param == "cluster":
+        assert topology.crossslot_errors() == 0, "a cluster node answered CROSSSLOT"
 
 
 @pytest.fixture
@@ -189,15 +198,17 @@ async def test_get_many_preserves_order_duplicates_and_gaps(store: Store) -> Non
 
 
 async def test_delete_forgets_blob_counter_and_log(store: Store) -> None:
-    await store.put("t:a:x", b"v")
-    await store.incr("t:a:x", 3)
-    await store.append_log("t:a:x", b"e")
+    for key in ("t:a:x", "stats:a:x"):  # a key of the schema, and one outside it (no slot group)
+        await store.put(key, b"v")
+        await store.incr(key, 3)
+        await store.append_log(key, b"e")
     await store.put("t:a:y", b"kept")
-    await store.delete("t:a:x")
+    for key in ("t:a:x", "stats:a:x"):
+        await store.delete(key)
+        assert await store.get(key) is None
+        assert await store.get_counter(key) == 0
+        assert await store.read_log(key) == []
     await store.delete("t:a:never-existed")
-    assert await store.get("t:a:x") is None
-    assert await store.get_counter("t:a:x") == 0
-    assert await store.read_log("t:a:x") == []
     assert await store.get("t:a:y") == b"kept"
 
 
@@ -424,6 +435,15 @@ async def test_counted_puts_under_concurrency_never_lose_count(store: Store, bac
     kept = [b for b in await store.get_many([f"t:a:blob:{i}" for i in range(CONCURRENT_CALLS)]) if b is not None]
     assert len(kept) == 3
     assert await store.counted_bytes("t:a:archive") == 3 * BLOB
+
+
+async def test_a_counted_blob_outside_its_groups_slot_group_is_refused(store: Store) -> None:
+    """Eviction deletes blobs and bookkeeping in one step, which a cluster can do only inside one slot: refused on
+    every backend alike, so the mistake shows on SQLite too."""
+    for key, group in (("t:b:blob:1", "t:a:archive"), ("t:a:s:S:blob", "t:a:archive"), ("k", "g")):
+        with pytest.raises(ValueError, match="slot group"):
+            await store.put_counted(key, b"x", group, QUOTA)
+    assert await store.get("t:b:blob:1") is None and await store.counted_bytes("t:a:archive") == 0
 
 
 async def test_counted_blob_expires_like_any_blob(store: Store) -> None:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from .base import Store, StoreError
 from .redis import RedisStore
+from .redis_url import SCHEMES
 from .sqlite import SqliteStore
 
 __all__ = ["Store", "StoreError", "RedisStore", "SqliteStore", "open_store"]
 
 SQLITE_URL_HEAD = "sqlite:///"
-REDIS_SCHEMES = ("redis", "rediss")
+REDIS_SCHEMES = tuple(SCHEMES)
 ACCEPTED_FORMS = (
     "sqlite:///relative/path.db, sqlite:////abs/path.db, sqlite:///:memory:, "
-    "redis://host:port/db, rediss://host:port/db"
+    "redis://host:port/db, rediss://host:port/db, redis+cluster://host:port[,host:port...], "
+    "redis+sentinel://host:port[,host:port...]/service[/db]"
 )
 
 

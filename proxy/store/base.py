@@ -8,6 +8,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
+from .keys import slot_group
+
 # Random bytes in a lock token: enough that two holders never collide.
 LOCK_TOKEN_BYTES = 16
 # Most blobs one counted put evicts: a quota lowered far below what a group holds is
@@ -55,7 +57,7 @@ class Store(Protocol):
     async def put_json_if_absent(self, key: str, value: Any, ttl: float | None = None) -> bool: ...
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
-        """Blobs for ``keys`` in order, ``None`` where absent, in one round trip."""
+        """Blobs for ``keys`` in order, ``None`` where absent, in one round trip (per node, on a cluster)."""
         ...
 
     async def delete(self, key: str) -> None:
@@ -69,7 +71,8 @@ class Store(Protocol):
         stored ones are deleted first (never the one just stored: a single blob larger than
         the whole quota stays until the next counted put). Storing a key again replaces its
         size and makes it the newest. Atomic against every other counted put of the group,
-        on every store instance of the backend. A counted blob reads like any other (``get``);
+        on every store instance of the backend. ``key`` and ``group`` must have the same slot
+        group (proxy/store/keys.py), else ``ValueError``. A counted blob reads like any other (``get``);
         ``delete`` does not uncount it (its bytes are reclaimed when it would be evicted).
         """
         ...
@@ -83,7 +86,8 @@ class Store(Protocol):
         ...
 
     async def incr_many(self, amounts: dict[str, int | float]) -> None:
-        """Add to several counters in one round trip (accounting writes ~20 per request)."""
+        """Add to several counters in one round trip per node (accounting writes ~20 per request); each add is
+        atomic on its own, the batch is not a transaction."""
         ...
 
     async def get_counter(self, key: str) -> int | float: ...
@@ -103,7 +107,10 @@ class Store(Protocol):
     async def append_logs(
         self, entries: list[tuple[str, bytes]], max_len: int | None = None, ttl: float | None = None
     ) -> None:
-        """Several appends (to one or many logs) in one round trip and one transaction."""
+        """Several appends (to one or many logs) in one round trip.
+
+        Atomic per slot group (proxy/store/keys.py: a session's logs together): on a
+        sharded backend the appends to logs of different groups are separate transactions."""
         ...
 
     async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
@@ -189,6 +196,15 @@ def check_quota(quota: int) -> int:
     if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
         raise ValueError(f"quota must be a positive int of bytes, got {quota!r}")
     return quota
+
+
+def check_counted_group(key: str, group: str) -> None:
+    """A counted blob must share its group's slot group: eviction deletes blobs and bookkeeping in one step,
+    which a sharded backend can do only inside one slot. Checked on every backend, so a caller that breaks
+    the rule finds out on the embedded one, not first on a cluster."""
+    if not slot_group(group) or slot_group(key) != slot_group(group):
+        raise ValueError(f"counted key {key!r} and group {group!r} must share one non-empty slot group "
+                         "(proxy/store/keys.py: the same tenant, or the same session)")
 
 
 def check_amount(amount: int | float) -> int | float:

@@ -12,6 +12,10 @@ route's policy never replays it; the text a handle names is tenant-wide, so
 it reads back on any route. Route names hold no ':' (proxy/config.py), so a
 route's keys never collide with another kind. The strings are persisted:
 changing one orphans data.
+
+A key's slot group (`slot_group`) is the part a sharded backend hashes: a
+session's keys stay together, the rest of a tenant's together, so every
+operation that touches several keys at once touches one Redis Cluster slot.
 """
 
 from __future__ import annotations
@@ -31,3 +35,27 @@ def session_key(tenant: str, session: str, *parts: str) -> str:
 
 def route_session_key(tenant: str, session: str, route: str, *parts: str) -> str:
     return session_key(tenant, session, "r", route, *parts)
+
+
+TENANT_HEAD = "t"
+SESSION_PART = "s"
+
+
+def slot_group(key: str) -> str:
+    """The leading part of ``key`` that a clustered backend keeps in one slot ("" when the key has none).
+
+    Operations that touch several keys at once (a counted group's bookkeeping and its
+    blobs, one request's logs, a delete of a key's blob, counter and log) only ever mix
+    keys of one group, so a backend that shards by slot (Redis Cluster) hashes the group
+    alone and runs each such operation on one node. A session's keys group by session
+    (they are many and hot: spreading sessions spreads load), everything else of a tenant
+    by tenant (a tenant's archive and its quota bookkeeping must be together). A key
+    outside the schema (accounting's counters) has no group: it lands wherever its whole
+    text hashes, and nothing multi-key may depend on its neighbours.
+    """
+    parts = key.split(":", 4)
+    if len(parts) < 3 or parts[0] != TENANT_HEAD:
+        return ""
+    if len(parts) == 5 and parts[2] == SESSION_PART:
+        return ":".join(parts[:4])
+    return ":".join(parts[:2])

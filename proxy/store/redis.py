@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import cast
+from typing import Any, cast
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
+from . import redis_lua
 from .base import (
     MAX_EVICTIONS_PER_PUT,
     SharedOpsMixin,
     StoreError,
     as_number,
     check_amount,
+    check_counted_group,
     check_max_len,
     check_quota,
     check_ttl,
@@ -25,6 +24,9 @@ from .base import (
     new_lock_token,
     ttl_ms,
 )
+from .redis_client import Client, open_client
+from .redis_layout import KeyLayout, by_slot
+from .redis_url import parse_redis_url
 
 DEFAULT_PREFIX = "ctxproxy:"
 # An unreachable or silent Redis must fail fast so callers degrade instead of stalling
@@ -33,19 +35,19 @@ DEFAULT_PREFIX = "ctxproxy:"
 CONNECT_TIMEOUT_S = 0.5
 # Upper bound on one command's round trip once connected.
 SOCKET_TIMEOUT_S = 0.5
-# One quick retry on a dropped connection (e.g. a pooled socket the server closed), never
-# on a timeout: a server that did not answer once will not answer sooner when asked again.
-RETRIES = 1
-RETRY_BACKOFF_BASE_S = 0.01
-RETRY_BACKOFF_CAP_S = 0.1
 # Keys the server examines per SCAN round trip.
 SCAN_COUNT = 500
+# A counted put whose evictions changed under it (another replica evicted first) asks again
+# with the members it now needs, this many times in all, then fails like any backend error.
+COUNTED_ATTEMPTS = 8
+# Members a counted put that must evict names beyond the ones it evicts, so a concurrent
+# eviction of a few of them rarely costs another round trip.
+COUNTED_SLACK = 16
+# At most this share of the socket timeout goes to waiting for replicas (the rest to the write).
+WAIT_SHARE = 0.5
 # redis-py types every reply as `bytes | str` whatever the client's decode_responses; this
-# client always has decode_responses=False (checked in RedisStore.__init__), so replies are
+# client always has decode_responses=False (checked in open_client), so replies are
 # bytes and are cast to that where they are returned.
-
-# Characters special in a SCAN MATCH pattern, escaped so a prefix matches literally.
-GLOB_SPECIALS = "\\*?[]"
 
 # Sub-namespaces under the prefix, one per kind of value, mirroring the SQLite tables
 # so keys()/counters() only see their own kind and delete() can reach all three.
@@ -53,54 +55,7 @@ _BLOB, _COUNTER, _LOG, _LOCK = "b:", "c:", "l:", "lock:"
 # A counted group's bookkeeping: members by store order (sorted set), their sizes (hash),
 # and {bytes, seq} (hash). Members are the callers' keys; their blobs live under _BLOB.
 _COUNTED = "q:"
-
-# Renew/release only if the caller still holds the lock (its token is the stored value).
-_RENEW_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-# A counted put, atomic: store the blob, make it the group's newest, add its size, then delete
-# the group's oldest blobs while it holds more than the quota (never the one just stored).
-# The bookkeeping lives as long as the longest-lived blob stored into it.
-_PUT_COUNTED_LUA = """
-local blob, order, sizes, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local value, ttl, quota, member, blob_head, max_evict = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5],
-    tonumber(ARGV[6])
-local existed = redis.call('EXISTS', order) == 1
-local size = string.len(value)
-local old = tonumber(redis.call('HGET', sizes, member) or '0')
-if ttl == '' then redis.call('SET', blob, value) else redis.call('SET', blob, value, 'PX', ttl) end
-redis.call('ZADD', order, redis.call('HINCRBY', meta, 'seq', 1), member)
-redis.call('HSET', sizes, member, size)
-local used = redis.call('HINCRBY', meta, 'bytes', size - old)
-local evicted = 0
-while used > quota and evicted < max_evict do
-    local oldest = redis.call('ZRANGE', order, 0, 0)[1]
-    if (not oldest) or oldest == member then break end
-    used = redis.call('HINCRBY', meta, 'bytes', -tonumber(redis.call('HGET', sizes, oldest) or '0'))
-    redis.call('DEL', blob_head .. oldest)
-    redis.call('ZREM', order, oldest)
-    redis.call('HDEL', sizes, oldest)
-    evicted = evicted + 1
-end
-if ttl == '' then
-    for i = 2, 4 do redis.call('PERSIST', KEYS[i]) end
-else
-    local left = redis.call('PTTL', order)
-    if not (existed and left == -1) and left < tonumber(ttl) then
-        for i = 2, 4 do redis.call('PEXPIRE', KEYS[i], ttl) end
-    end
-end
-return evicted
-"""
-_RELEASE_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
+_COUNTED_PARTS = (":order", ":sizes", ":meta")
 
 
 class RedisStore(SharedOpsMixin):
@@ -113,6 +68,13 @@ class RedisStore(SharedOpsMixin):
     proxy can share a database with other users. Backend failures, a server that
     accepts connections but never answers included, surface as ``StoreError`` within
     about the connect + socket timeouts rather than hanging a request.
+
+    One server, a Redis Cluster or a Sentinel-managed primary (proxy/store/redis_url.py),
+    with one key layout on all three (proxy/store/redis_layout.py): no command, script or
+    transaction spans two slots, so a cluster never answers CROSSSLOT. Blob and record
+    writes (handles, decisions) return once ``wait`` replicas have them, or after
+    ``wait_ms`` if fewer answered (then only the primary holds them): what a failover
+    keeps is what a replica acknowledged.
     """
 
     def __init__(
@@ -123,41 +85,86 @@ class RedisStore(SharedOpsMixin):
         connect_timeout: float = CONNECT_TIMEOUT_S,
         socket_timeout: float = SOCKET_TIMEOUT_S,
     ) -> None:
+        self.layout = KeyLayout(prefix)
         self.prefix = prefix
-        self._client: aioredis.Redis = aioredis.Redis.from_url(
-            url,
-            decode_responses=False,
-            socket_connect_timeout=connect_timeout,
-            socket_timeout=socket_timeout,
-            retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP_S, base=RETRY_BACKOFF_BASE_S), RETRIES,
-                        supported_errors=(RedisConnectionError,)),
-        )
-        if self._client.connection_pool.connection_kwargs.get("decode_responses"):
-            raise ValueError("redis store URL must not set decode_responses; the store works in bytes")
-        self._renew = self._client.register_script(_RENEW_LUA)
-        self._release = self._client.register_script(_RELEASE_LUA)
-        self._put_counted = self._client.register_script(_PUT_COUNTED_LUA)
+        target = parse_redis_url(url)
+        self.mode = target.mode
+        # A WAIT blocks its connection: past the socket timeout it would fail the write it guards.
+        self.wait, self.wait_ms = target.wait, min(target.wait_ms, int(socket_timeout * 1000 * WAIT_SHARE))
+        self.unreplicated = 0  # acknowledged writes no replica had within wait_ms: a failover may lose them
+        self._client: Client = open_client(target, connect_timeout, socket_timeout)
+        self._renew = self._client.register_script(redis_lua.RENEW)
+        self._release = self._client.register_script(redis_lua.RELEASE)
 
     def _k(self, kind: str, key: str) -> bytes:
-        return f"{self.prefix}{kind}{key}".encode()
+        return self.layout.name(kind, key)
 
     @contextmanager
     def _errors(self, op: str) -> Iterator[None]:
         try:
             yield
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:
             raise StoreError(f"redis {op} failed: {type(exc).__name__}: {exc}") from exc
 
-    async def _scan(self, kind: str, prefix: str) -> list[bytes]:
-        head = f"{self.prefix}{kind}"
-        pattern = _glob_escape(head + prefix) + "*"
-        found: set[bytes] = set()  # SCAN may repeat a key
-        async for raw in self._client.scan_iter(match=pattern.encode(), count=SCAN_COUNT):
-            found.add(raw)
-        return sorted(found)
+    def _pipeline(self) -> Any:
+        """A non-transactional pipeline: one round trip per node, each command on its key's node. Run it with `_run`."""
+        return self._client.pipeline(transaction=False)
 
-    def _strip(self, kind: str, raw: bytes) -> str:
-        return raw.decode()[len(self.prefix) + len(kind) :]
+    async def _run(self, pipe: Any) -> list[Any]:
+        if isinstance(self._client, RedisCluster):
+            await self._client.initialize()  # route by the slot map, not to any node (redis_client.RoutedCluster)
+        return cast("list[Any]", await pipe.execute())
+
+    async def _wait_after(self, pipe: Any, name: bytes) -> None:
+        """Queue a WAIT behind the write to ``name``, on its node and connection (WAIT counts that connection's)."""
+        if not self.wait:
+            return
+        if isinstance(self._client, RedisCluster):
+            await self._client.initialize()  # the slot map, to name the node the write goes to
+            node = self._client.get_node_from_key(name.decode())
+            pipe.execute_command("WAIT", self.wait, self.wait_ms, target_nodes=node)
+        else:
+            pipe.execute_command("WAIT", self.wait, self.wait_ms)
+
+    async def _durable(self, name: bytes, *command: Any, **options: Any) -> Any:
+        """One write, and its WAIT when the store waits for replicas; the write's reply."""
+        if not self.wait:
+            return await self._client.execute_command(*command, **options)
+        pipe = self._pipeline()
+        pipe.execute_command(*command, **options)
+        await self._wait_after(pipe, name)
+        return (await self._run_waited(pipe))[0]
+
+    async def _run_waited(self, pipe: Any) -> list[Any]:
+        """Run a pipeline that ends in the WAIT `_wait_after` queued: the other replies; a write fewer replicas
+        acknowledged than asked (in time) counts in ``unreplicated`` (only the primary holds it)."""
+        return self._acked(await self._run(pipe))
+
+    def _acked(self, replies: list[Any]) -> list[Any]:
+        if self.wait and int(replies.pop()) < self.wait:
+            self.unreplicated += 1
+        return replies
+
+    async def _mget(self, names: list[bytes]) -> list[bytes | None]:
+        """MGET of names in any slots: one MGET per slot, all in one pipeline."""
+        groups = by_slot(names)
+        pipe = self._pipeline()
+        for positions in groups.values():
+            pipe.execute_command("MGET", *(names[i] for i in positions))  # a cluster pipeline blocks .mget()
+        out: list[bytes | None] = [None] * len(names)
+        for positions, values in zip(groups.values(), await self._run(pipe)):
+            for i, value in zip(positions, values):
+                out[i] = value
+        return out
+
+    async def _scan(self, kind: str, prefix: str) -> list[tuple[str, bytes]]:
+        """(key, stored name) of each ``kind`` key starting with ``prefix``, sorted; on a cluster, every primary's."""
+        found: dict[str, bytes] = {}  # SCAN may repeat a key
+        async for raw in self._client.scan_iter(match=self.layout.pattern(kind, prefix), count=SCAN_COUNT):
+            key = self.layout.key_of(kind, raw, prefix)
+            if key is not None:
+                found[key] = raw
+        return sorted(found.items())
 
     # ---- blobs and records ----------------------------------------------------
 
@@ -167,45 +174,58 @@ class RedisStore(SharedOpsMixin):
 
     async def put(self, key: str, value: bytes, ttl: float | None = None) -> None:
         ttl = check_ttl(ttl)
+        name = self._k(_BLOB, key)
+        expiry = () if ttl is None else ("PX", ttl_ms(ttl))
         with self._errors("put"):
-            await self._client.set(self._k(_BLOB, key), value, px=None if ttl is None else ttl_ms(ttl))
+            await self._durable(name, "SET", name, value, *expiry)
 
     async def put_if_absent(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         ttl = check_ttl(ttl)
+        name = self._k(_BLOB, key)
+        expiry = () if ttl is None else ("PX", ttl_ms(ttl))
         with self._errors("put_if_absent"):
-            stored = await self._client.set(
-                self._k(_BLOB, key), value, nx=True, px=None if ttl is None else ttl_ms(ttl)
-            )
+            stored = await self._durable(name, "SET", name, value, "NX", *expiry)
         return bool(stored)
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         if not keys:
             return []
         with self._errors("get_many"):
-            return list(cast("list[bytes | None]", await self._client.mget([self._k(_BLOB, k) for k in keys])))
+            return await self._mget([self._k(_BLOB, k) for k in keys])
 
     async def delete(self, key: str) -> None:
-        with self._errors("delete"):
+        with self._errors("delete"):  # one slot for a key of the schema; RedisCluster.delete splits the others by slot
             await self._client.delete(self._k(_BLOB, key), self._k(_COUNTER, key), self._k(_LOG, key))
 
     async def put_counted(self, key: str, value: bytes, group: str, quota: int, ttl: float | None = None) -> int:
         ttl, quota = check_ttl(ttl), check_quota(quota)
-        head = self._k(_COUNTED, group)
+        check_counted_group(key, group)
+        blob = self._k(_BLOB, key)
+        books = [self.layout.name(_COUNTED, group + part, group=group) for part in _COUNTED_PARTS]
+        args = [value, b"" if ttl is None else ttl_ms(ttl), quota, key.encode(), MAX_EVICTIONS_PER_PUT, COUNTED_SLACK]
+        named: list[str] = []  # members whose blobs this call passes, for evictions
         with self._errors("put_counted"):
-            return int(await self._put_counted(
-                keys=[self._k(_BLOB, key), head + b":order", head + b":sizes", head + b":meta"],
-                args=[value, b"" if ttl is None else ttl_ms(ttl), quota, key.encode(), self._k(_BLOB, ""),
-                      MAX_EVICTIONS_PER_PUT]))
+            for _ in range(COUNTED_ATTEMPTS):
+                pipe = self._pipeline()
+                pipe.eval(redis_lua.PUT_COUNTED, 4 + len(named), blob, *books,
+                          *(self._k(_BLOB, m) for m in named), *args, *(m.encode() for m in named))
+                await self._wait_after(pipe, blob)
+                replies = await self._run(pipe)
+                answer = replies[0]
+                if not isinstance(answer, list):  # stored (else nothing was written: the WAIT says nothing)
+                    self._acked(replies)
+                    return int(answer)
+                named = list(dict.fromkeys([m.decode() for m in answer] + named))
+        raise StoreError(f"redis put_counted failed: the group's evictions changed {COUNTED_ATTEMPTS} times in a row")
 
     async def counted_bytes(self, group: str) -> int:
         with self._errors("counted_bytes"):
-            raw = await self._client.hget(self._k(_COUNTED, group) + b":meta", b"bytes")
+            raw = await self._client.hget(self.layout.name(_COUNTED, group + ":meta", group=group), b"bytes")
         return 0 if raw is None else int(raw)
 
     async def keys(self, prefix: str) -> list[str]:
         with self._errors("keys"):
-            raw = await self._scan(_BLOB, prefix)
-        return sorted(self._strip(_BLOB, r) for r in raw)
+            return [key for key, _ in await self._scan(_BLOB, prefix)]
 
     # ---- counters -------------------------------------------------------------
 
@@ -225,14 +245,14 @@ class RedisStore(SharedOpsMixin):
         for amount in amounts.values():
             check_amount(amount)
         with self._errors("incr_many"):
-            pipe = self._client.pipeline(transaction=False)
+            pipe = self._pipeline()  # each INCRBY is atomic alone, on its key's node
             for key, amount in amounts.items():
                 k = self._k(_COUNTER, key)
                 if isinstance(amount, int):
                     pipe.incrby(k, amount)
                 else:
                     pipe.incrbyfloat(k, amount)
-            await pipe.execute()
+            await self._run(pipe)
 
     async def get_counter(self, key: str) -> int | float:
         with self._errors("get_counter"):
@@ -241,11 +261,11 @@ class RedisStore(SharedOpsMixin):
 
     async def counters(self, prefix: str) -> dict[str, int | float]:
         with self._errors("counters"):
-            names = await self._scan(_COUNTER, prefix)
-            values = await self._client.mget(names) if names else []
+            found = await self._scan(_COUNTER, prefix)
+            values = await self._mget([name for _, name in found]) if found else []
         return {
-            self._strip(_COUNTER, name): _parse_number(raw)
-            for name, raw in zip(names, values)
+            key: _parse_number(raw)
+            for (key, _), raw in zip(found, values)
             if raw is not None  # deleted between SCAN and MGET
         }
 
@@ -254,19 +274,20 @@ class RedisStore(SharedOpsMixin):
     async def append_logs(
         self, entries: list[tuple[str, bytes]], max_len: int | None = None, ttl: float | None = None
     ) -> None:
+        """One script per slot (a session's logs together), all in one round trip; each slot's appends atomic."""
         max_len, ttl = check_max_len(max_len), check_ttl(ttl)
         if not entries:
             return
+        names = [self._k(_LOG, key) for key, _ in entries]
+        head = [b"" if max_len is None else max_len, b"" if ttl is None else ttl_ms(ttl)]
         with self._errors("append_logs"):
-            async with self._client.pipeline(transaction=True) as pipe:
-                for key, value in entries:
-                    k = self._k(_LOG, key)
-                    pipe.rpush(k, value)
-                    if max_len is not None:
-                        pipe.ltrim(k, -max_len, -1)
-                    if ttl is not None:
-                        pipe.pexpire(k, ttl_ms(ttl))
-                await pipe.execute()
+            pipe = self._pipeline()
+            for positions in by_slot(names).values():
+                logs = list(dict.fromkeys(names[i] for i in positions))
+                index = {name: n for n, name in enumerate(logs, 1)}
+                pairs = [x for i in positions for x in (index[names[i]], entries[i][1])]
+                pipe.eval(redis_lua.APPEND_LOGS, len(logs), *logs, *head, *pairs)
+            await self._run(pipe)
 
     async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
         with self._errors("read_log"):
@@ -303,10 +324,6 @@ class RedisStore(SharedOpsMixin):
     async def close(self) -> None:
         with self._errors("close"):
             await self._client.aclose()
-
-
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + ch if ch in GLOB_SPECIALS else ch for ch in text)
 
 
 def _parse_number(raw: bytes | str | float | int) -> int | float:

@@ -17,6 +17,7 @@ from .base import (
     StoreError,
     as_number,
     check_amount,
+    check_counted_group,
     check_max_len,
     check_quota,
     check_ttl,
@@ -208,6 +209,7 @@ class SqliteStore(SharedOpsMixin):
 
     async def put_counted(self, key: str, value: bytes, group: str, quota: int, ttl: float | None = None) -> int:
         ttl, quota = check_ttl(ttl), check_quota(quota)
+        check_counted_group(key, group)
 
         def write(conn: sqlite3.Connection, p: Params) -> int:
             self._maybe_purge(conn, p["now"])
