@@ -36,7 +36,7 @@ async def _race(path: str, me: int, start: Barrier) -> dict[str, Any]:
         await store.incr("race:count")
         await store.incr_many({"race:many:a": 1, "race:many:b": 2})
         await store.append_log("race:log", f"{me}:{i}".encode())
-        evicted += await store.put_counted(f"race:blob:{me}:{i}", b"x" * BLOB, "race-group", QUOTA)
+        evicted += await store.put_counted(f"t:race:blob:{me}:{i}", b"x" * BLOB, "t:race:group", QUOTA)
         while (token := await store.acquire_lock("race:lock", lease=60)) is None:
             await asyncio.sleep(0.001)
         value = int((await store.get("race:guarded")) or b"0")  # not atomic by itself: only the lock protects it
@@ -54,11 +54,11 @@ def _process(path: str, me: int, start: Barrier, results: Any) -> None:
 
 async def _read(path: str) -> dict[str, Any]:
     store = SqliteStore(path)
-    blobs = await store.get_many([f"race:blob:{p}:{i}" for p in range(PROCESSES) for i in range(ROUNDS)])
+    blobs = await store.get_many([f"t:race:blob:{p}:{i}" for p in range(PROCESSES) for i in range(ROUNDS)])
     out = {"first": await store.get("race:first"), "count": await store.get_counter("race:count"),
            "a": await store.get_counter("race:many:a"), "b": await store.get_counter("race:many:b"),
            "log": await store.read_log("race:log"), "kept": sum(b is not None for b in blobs),
-           "counted": await store.counted_bytes("race-group"), "guarded": await store.get("race:guarded")}
+           "counted": await store.counted_bytes("t:race:group"), "guarded": await store.get("race:guarded")}
     await store.close()
     return out
 
