@@ -91,8 +91,8 @@ class CompressSettings(BaseModel):
     # A different summary_model always uses the transcript shape.
     summary_prompt: Literal["cached", "transcript"] = "cached"
     summary_input_tokens: int = Field(default=6000, ge=1000)  # the transcript shape is cut to this (billed uncached)
-    # the summary's length limit; None: a sixteenth of the window, 256 to 2,000 tokens (a fixed 2,000 would be
-    # half of a 4k window)
+    # the summary's length limit (sent as its max_tokens; a longer answer is cut to it by lines, every heading
+    # kept); None: a thirty-second of the window, 256 to 2,000 tokens (a fixed 2,000 would be half of a 4k window)
     summary_max_tokens: int | None = Field(default=None, ge=100)
     summary_timeout: float = Field(default=60, gt=0)  # seconds; then layer 1 / archive fallback
     identifiers_cap: int = Field(default=400, ge=0)  # identifiers listed verbatim under a summary
