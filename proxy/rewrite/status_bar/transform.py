@@ -11,10 +11,14 @@ No status goes after an item the API wants last (Codex's `compaction_trigger`:
 that request is the provider compacting the history, not a turn), nor after the
 assistant's own words (a prefill).
 
-Modes: `append` keeps each status in the history (~100 tokens a turn, which
-compression later folds in; the model sees how its state evolved);
-`replace` sends only the latest (nothing accumulates; the cache still hits up
-to the end of the previous turn, losing only the previous status itself).
+Modes: `append` keeps each status in the history (which compression later
+folds in; the model sees how its state evolved); `replace` sends only the
+latest (nothing accumulates; the cache still hits up to the end of the
+previous turn, losing only the previous status itself). Either way each status
+is new, uncached tokens on its request, so its length is its price: a full
+status (every count, the clock) comes every `full_every` turns, and the turns
+between carry only what the agent could not do without on that turn - the
+turn, the context use, and whatever warns.
 """
 
 from __future__ import annotations
@@ -177,10 +181,8 @@ class StatusBar:
                since_last: float, now: float, compressed: bool = False) -> str:
         """`compressed`: the route compacts history, so the context advice says so instead of "finish".
 
-        Every `full_every`-th turn (counted from the history, so every replica picks the same turns) states
-        everything; the turns between state only the turn, the context use and what warns (a failed last
-        tool, a repeated call, errors in a row, advice). In replace mode the status is new tokens on every
-        request, so its length is what it costs: a full status is ~110 tokens, a short one ~25.
+        Which turns get the full status is counted from the history, so every replica and restart picks
+        the same ones; a short status has no clock line, so it is the same bytes for the same history.
         """
         s = self.settings
         full = t.turns % s.full_every == 0
