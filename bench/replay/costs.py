@@ -72,7 +72,9 @@ def cost_criteria(results: list[dict[str, Any]], window: int) -> list[dict[str, 
         return []
     ours = by[OURS]["total"]
     out = []
-    if PEER in by:
+    fit = set(fitting_traces(list(by.values())))
+    rest = {t["trace"] for t in by[OURS]["traces"]} - fit
+    if PEER in by and (rest or BASELINE not in by):  # where everything fits, the peer is no proxy: the next check
         peer = by[PEER]["total"]
         i = ours["identifiers"]
         kept = i["kept"] / i["total"] if i["total"] else 1.0
@@ -82,14 +84,12 @@ def cost_criteria(results: list[dict[str, Any]], window: int) -> list[dict[str, 
                     "met": ratio <= PEER_RATIO_MAX and ours["rejected"] == 0 and kept >= RETENTION_MIN,
                     "figures": f"{ours['cost_units']:,.0f} vs {peer['cost_units']:,.0f} ({ratio:.3f}x); "
                                f"{ours['rejected']} rejected; identifiers {share(i['kept'], i['total'])}"})
-    fit = set(fitting_traces(list(by.values())))
     if BASELINE in by and fit:
         mine, base = _cost(by[OURS], fit), _cost(by[BASELINE], fit)
         out.append({"criterion": f"window {window:,}: on the {len(fit)} trajectories that fit without a proxy, "
                                  f"cost at most no-proxy's + {FIT_OVERHEAD_MAX:.0%}",
                     "met": mine <= base * (1 + FIT_OVERHEAD_MAX),
                     "figures": f"{mine:,.0f} vs {base:,.0f} ({mine / base:.3f}x)"})
-    rest = {t["trace"] for t in by[OURS]["traces"]} - fit
     if PREVIOUS in by and rest and BASELINE in by:
         mine, prev = _cost(by[OURS], rest), _cost(by[PREVIOUS], rest)
         out.append({"criterion": f"window {window:,}: on the {len(rest)} that do not, cost at most the previous "

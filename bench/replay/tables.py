@@ -150,7 +150,7 @@ def status_bar_markdown(results: list[dict[str, Any]]) -> str:
     if off is not None and "ctxproxy" in ok:
         a, o = ok["ctxproxy"]["total"], off["total"]
         d = (a["hit_rate"] - o["hit_rate"]) * 100
-        lines += ["", f"status bar check, hit rate with the status bar (append) within 2 points of without: "
+        lines += ["", f"status bar check, hit rate with the status bar (default mode) within 2 points of without: "
                       f"{'met' if abs(d) <= 2.0 else 'NOT met'} ({pct(a['hit_rate'])} vs {pct(o['hit_rate'])}, "
                       f"{d:+.2f} points)"]
         if "ctxproxy-status-replace" in ok:
