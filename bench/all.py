@@ -12,8 +12,8 @@ Steps, in order, each one a benchmark module run as a subprocess
 (``python -P -m bench.<name>``) with its stdout kept in DIR/<step>.txt and its
 JSON in DIR/<step>.json:
 
-  replay-32k    bench.replay --window 32000 --settings compress,ctxproxy-status-replace,frontier
-  replay-128k   bench.replay --window 128000 --settings compress,ctxproxy-status-replace
+  replay-32k    bench.replay --window 32000 --settings compress,ctxproxy+status_bar.mode=append,frontier
+  replay-128k   bench.replay --window 128000 --settings compress,ctxproxy+status_bar.mode=append
   offload       bench.replay --settings offload (the offload checks, 128k), and the same two ctxproxy
                 settings with the status bar off
   overhead      bench.overhead --litellm (direct / ctxproxy / floor / LiteLLM interleaved)
@@ -64,9 +64,10 @@ def steps(out: str, src: str, quick: bool) -> list[tuple[str, list[str]]]:
     py = sys.executable
     replay = module("replay") + ["--per-trace", "--quiet", "--proxy-src", src]
     return [
-        ("replay-32k", replay + ["--window", "32000", "--settings", "compress,ctxproxy-status-replace,frontier",
+        ("replay-32k", replay + ["--window", "32000", "--settings",
+                                 "compress,ctxproxy+status_bar.mode=append,frontier",
                                  "--json", f"{out}/replay-32k.json"]),
-        ("replay-128k", replay + ["--window", "128000", "--settings", "compress,ctxproxy-status-replace",
+        ("replay-128k", replay + ["--window", "128000", "--settings", "compress,ctxproxy+status_bar.mode=append",
                                   "--json", f"{out}/replay-128k.json"]),
         ("offload", replay + ["--settings", "offload,ctxproxy+status_bar.enabled=false,"
                               "ctxproxy+status_bar.enabled=false+offload.tool_result_tokens=1000",

@@ -136,11 +136,23 @@ def plot(path: str, out: str, title: str | None) -> None:
     print(f"wrote {out} ({', '.join(names)}; {commit})")
 
 
+DEFAULT_TRIGGER = 0.75  # proxy/rewrite/settings.py's compress.trigger (the plot runs where proxy may not import)
+_FRONTIER_PARTS = ("compress.trigger=", "status_bar.enabled=false")
+
+
 def _trigger(name: str) -> float:
     for part in name.split("+"):
         if part.startswith("compress.trigger="):
             return float(part.split("=", 1)[1])
-    return 0.85  # the default
+    return DEFAULT_TRIGGER
+
+
+def _on_frontier(name: str) -> bool:
+    """The defaults, without the status bar, and their trigger variants: nothing else changed."""
+    base, _, rest = name.partition("+")
+    if base != "ctxproxy":
+        return name == "ctxproxy-no-status-bar"
+    return all(part.startswith(_FRONTIER_PARTS) for part in rest.split("+")) if rest else True
 
 
 def _tradeoff(ax: Any, rows: list[dict[str, Any]]) -> None:
@@ -157,8 +169,7 @@ def _tradeoff(ax: Any, rows: list[dict[str, Any]]) -> None:
              "status bar off": lambda n: "status_bar.enabled=false" in n or n == "ctxproxy-no-status-bar"}
     for (label, keep), style in zip(lines.items(), ("-", "--")):
         pts = sorted((_trigger(r["setting"]), 100 * r["total"]["hit_rate"], r["total"]["cost_units"] / 1e6)
-                     for r in fine if _kind(r["setting"]) == "ctxproxy" and keep(r["setting"])
-                     and r["setting"] != "ctxproxy-status-replace")
+                     for r in fine if _on_frontier(r["setting"]) and keep(r["setting"]))
         if len(pts) < 2:
             continue
         ax.plot([p[1] for p in pts], [p[2] for p in pts], style, color=KIND_COLOURS["ctxproxy"], marker="o", ms=4,

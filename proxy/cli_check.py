@@ -51,7 +51,8 @@ def route_lines(settings: Settings, r: Route) -> list[str]:
     read, bar, hints = (r.section(n) for n in ("context_read", "status_bar", "cache_hints"))
     out.append("  " + "; ".join((
         f"context_read: {read.rounds} rounds" if read is not None and read.enabled else "context_read: off",
-        f"status_bar: {bar.mode}" if bar is not None and bar.enabled else "status_bar: off",
+        f"status_bar: {bar.mode}, full every {bar.full_every} turns" if bar is not None and bar.enabled
+        else "status_bar: off",
         f"cache_hints: key {hints.prompt_cache_key}, breakpoints {hints.breakpoints}"
         if hints is not None and hints.enabled else "cache_hints: off")))
     return out

@@ -49,7 +49,7 @@ def test_impossible_settings_are_refused_naming_the_keys(raw, says):
 
 
 def test_a_lowered_trigger_with_the_default_precompute_is_accepted():
-    """precompute left at its default (0.78) under trigger 0.7 only never fires: accepted (check warns)."""
+    """precompute left at its default (0.72) under trigger 0.7 only never fires: accepted (check warns)."""
     s = build_settings({"defaults": {"compress": {"trigger": 0.7}}}, env={})
     assert s.route("default").section("compress").trigger == 0.7
 

@@ -13,11 +13,19 @@ import uuid
 
 import httpx
 from proxy_server import InProcessProxy
-from test_compress import SUMMARY, agent_run, chat_requests, is_summary_call, post, responder, settings
+from test_compress import SUMMARY, agent_run, chat_requests, is_summary_call, post, responder
+from test_compress import settings as compress_settings
 
 SLOW = 0.15  # seconds every summary call takes: long enough that unpaced turns (~10 ms each) overtake it
 REDIS = "redis://127.0.0.1:6379/14"
 TURNS = 10  # agent_run(10) crosses the trigger once, at its 8th request (window 6,000, nothing clearable)
+# A gap of a few turns between precompute and trigger: at the defaults' 0.03 (180 tokens of this window) one
+# ~350-token turn goes from under precompute to over the trigger, so nothing would be written in advance.
+GAP = {"trigger": 0.85, "precompute": 0.78}
+
+
+def settings(upstream, store: str, **compress):
+    return compress_settings(upstream, store, **{**GAP, **compress})
 
 
 def slow_summaries(upstream, answer=responder) -> None:

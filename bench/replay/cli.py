@@ -16,6 +16,7 @@ from typing import Any
 from bench import replay as package
 from bench.paths import ROOT, TRACES_ENV, default_traces_dir, traces_dir
 from bench.replay.apis import CHAT, MESSAGES, RESPONSES, AnyTrace, Api
+from bench.replay.costs import cost_criteria, cost_markdown
 from bench.replay.criteria import compare, compression_criteria, offload_criteria, over_trigger_traces
 from bench.replay.native import default_native_dir, load_native, load_native_messages
 from bench.replay.run import replay_setting
@@ -96,6 +97,8 @@ def _print_compress_report(results: list[dict[str, Any]], ok: list[dict[str, Any
                            subset: list[str], window: int) -> None:
     """The compression tables: settings side by side, the ranking, the checks, the status bar, compactions."""
     print(compress_markdown(results, subset))
+    print()
+    print(cost_markdown(results))
     verdict = ranking_markdown(results)
     if verdict:
         print()
@@ -195,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         # the offload checks are about the default 128k window; at another window they would mislead
         crit = offload_criteria(ok) if args.window == mu.DEFAULT_WINDOW else []
         subset = over_trigger_traces(group, args.window, args.final_turn, api=api) if compress_mode else []
-        checks = compression_criteria(part, args.window, subset) if compress_mode else []
+        checks = compression_criteria(part, args.window, subset) + cost_criteria(part, args.window) \
+            if compress_mode else []
         for c in crit + checks:
             c.update(api=api.name, corpus=corpus)
         criteria += crit

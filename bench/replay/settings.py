@@ -105,6 +105,12 @@ register_setting(Setting("ctxproxy-no-status-bar", "as ctxproxy, with defaults.s
 register_setting(Setting("ctxproxy-status-replace", "as ctxproxy, with defaults.status_bar.mode: replace (only the "
                                                     "latest status message is sent)",
                          {"defaults": {"status_bar": {"mode": "replace"}}}, window_model=True))
+register_setting(Setting("ctxproxy-previous-defaults", "as ctxproxy, with the defaults before issue 27: a full "
+                                                       "status every turn, compress.trigger 0.85, precompute 0.78, "
+                                                       "summaries up to 2,000 tokens (window / 16 at 32k)",
+                         {"defaults": {"status_bar": {"full_every": 1},
+                                       "compress": {"trigger": 0.85, "precompute": 0.78,
+                                                    "summary_max_tokens": 2000}}}, window_model=True))
 register_setting(Setting("cliffcompaction", "cliffcompaction==0.1.0 (cliff serve --threshold 0.85 x window)",
                          external="cliffcompaction"))
 register_setting(Setting("cliffcompaction-at-window", "cliffcompaction==0.1.0 (cliff serve --threshold <window>)",
@@ -116,7 +122,7 @@ DEFAULT_SETTINGS = [BASELINE, "ctxproxy-default", "ctxproxy-offload-1000"]
 
 
 COMPRESS_SETTINGS = [BASELINE, "sliding-window-20", "middle-out", "ctxproxy", "ctxproxy-no-status-bar",
-                     "cliffcompaction", "ctxkeeper"]
+                     "ctxproxy-previous-defaults", "cliffcompaction", "ctxkeeper"]
 
 
 STATUS_BAR_SETTINGS = ["ctxproxy", "ctxproxy-no-status-bar", "ctxproxy-status-replace"]

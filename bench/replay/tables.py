@@ -96,7 +96,7 @@ def compress_markdown(results: list[dict[str, Any]], subset: list[str]) -> str:
 def ranking_markdown(results: list[dict[str, Any]], ours: str = "ctxproxy") -> str:
     """The ranking targets: among settings with no length rejection, is `ours` cheapest, best cached, best kept?
 
-    ctxproxy's own variants (``ctxproxy+...`` and the status-bar settings) are left out of "the others"."""
+    ctxproxy's own variants (every setting named ``ctxproxy...``) are left out of "the others"."""
     ok = [r for r in available(results) if r["total"]["rejected"] == 0]
     mine = next((r for r in ok if r["setting"] == ours), None)
     if mine is None:
@@ -108,7 +108,7 @@ def ranking_markdown(results: list[dict[str, Any]], ours: str = "ctxproxy") -> s
     lines = [f"| ranking target, among the {len(ok)} settings with no length rejection | {ours} | best other "
              "setting | met |", "|---|---:|---|---|"]
     for label, key, show in measures:
-        others = [r for r in ok if r["setting"] != ours and not r["setting"].startswith(ours + "+")
+        others = [r for r in ok if r["setting"] != ours and not r["setting"].startswith(ours)
                   and r["setting"] not in STATUS_BAR_SETTINGS]
         best = max(others, key=lambda r: key(r["total"]), default=None)
         met = best is None or key(mine["total"]) > key(best["total"])
@@ -150,7 +150,7 @@ def status_bar_markdown(results: list[dict[str, Any]]) -> str:
     if off is not None and "ctxproxy" in ok:
         a, o = ok["ctxproxy"]["total"], off["total"]
         d = (a["hit_rate"] - o["hit_rate"]) * 100
-        lines += ["", f"status bar check, hit rate with the status bar (append) within 2 points of without: "
+        lines += ["", f"status bar check, hit rate with the status bar (default mode) within 2 points of without: "
                       f"{'met' if abs(d) <= 2.0 else 'NOT met'} ({pct(a['hit_rate'])} vs {pct(o['hit_rate'])}, "
                       f"{d:+.2f} points)"]
         if "ctxproxy-status-replace" in ok:

@@ -77,7 +77,7 @@ class CompressSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = True
-    trigger: float = Field(default=0.85, gt=0, le=1)  # compact when the prompt passes this share of the window
+    trigger: float = Field(default=0.75, gt=0, le=1)  # compact when the prompt passes this share of the window
     target: float = Field(default=0.2, gt=0, lt=1)  # ... down to this share (lower: fewer, larger steps)
     keep_recent_tokens: int = Field(default=8000, ge=0)  # newest messages kept verbatim
     exclude_tools: tuple[str, ...] = ()  # tool results never cleared
@@ -91,8 +91,8 @@ class CompressSettings(BaseModel):
     # A different summary_model always uses the transcript shape.
     summary_prompt: Literal["cached", "transcript"] = "cached"
     summary_input_tokens: int = Field(default=6000, ge=1000)  # the transcript shape is cut to this (billed uncached)
-    # the summary's length limit; None: a sixteenth of the window, 256 to 2,000 tokens (a fixed 2,000 would be
-    # half of a 4k window)
+    # the summary's length limit (sent as its max_tokens; a longer answer is cut to it by lines, every heading
+    # kept); None: a thirty-second of the window, 256 to 2,000 tokens (a fixed 2,000 would be half of a 4k window)
     summary_max_tokens: int | None = Field(default=None, ge=100)
     summary_timeout: float = Field(default=60, gt=0)  # seconds; then layer 1 / archive fallback
     identifiers_cap: int = Field(default=400, ge=0)  # identifiers listed verbatim under a summary
@@ -100,7 +100,9 @@ class CompressSettings(BaseModel):
     breaker_cooldown: float = Field(default=300, gt=0)  # seconds without summarizer calls after a failure
     # past this share of the window the next compaction's summary is written in the background, so the
     # request crossing `trigger` does not wait for it; null: never
-    precompute: float | None = Field(default=0.78, gt=0, lt=1)
+    # 0.03 under the trigger: the tail that arrives after the background summary stays verbatim in the compacted
+    # prompt, paid on every later turn (0.07 under it cost 2.6% more at 32k)
+    precompute: float | None = Field(default=0.72, gt=0, lt=1)
     retention_days: float = Field(default=7, gt=0)  # how long archived history stays readable
 
     def recent_tokens(self, window: int) -> int:
@@ -144,6 +146,9 @@ class StatusBarSettings(BaseModel):
     agents_only: bool = True  # only requests with tools or tool messages get a status
     role: Literal["user", "system", "developer"] = "user"
     mode: Literal["append", "replace"] = "replace"
+    # every this many turns (turn 0, N, 2N, ...) the status states everything; between, only the turn, the
+    # context use and the warnings: 1 is a full status on every turn
+    full_every: int = Field(default=10, ge=1)
     error_pattern: str = DEFAULT_ERROR_PATTERN  # a tool result matching this looks like a failure
     todo: TodoShape = TodoShape()
     repeated_call: Guidance = Guidance(at=3, text="the same call keeps repeating: change approach")

@@ -44,6 +44,7 @@ from proxy.rewrite.compress.summarizer import (
     summarize_cached,
     summary_problem,
 )
+from proxy.rewrite.compress.summary_limit import within_limit
 from proxy.rewrite.context_read.tool import read_tool_name
 from proxy.rewrite.context_read.transform import has_placeholders, tools_as_sent
 from proxy.rewrite.events import ClientCompacts, Compacted, CompactionInEffect, HistoryElsewhere
@@ -68,13 +69,16 @@ _WAIT_SLACK_S = 10
 _SUMMARIZER_WINDOW_SHARE = 0.85  # of the window, for transcript + answer (the rest: prompt, framing, slack)
 _MIN_TRANSCRIPT_TOKENS = 500
 _MIN_SUMMARY_TOKENS, _MAX_SUMMARY_TOKENS = 256, 2000  # the scaled summary length limit's bounds
+# ... and its scale: a summary is carried by every turn until the next compaction, so at 32k it takes 1,000
+# tokens (a thirty-second), beside the identifier list and the verbatim tail
+_WINDOW_PER_SUMMARY_TOKEN = 32
 
 
 def summary_tokens(s: CompressSettings, window: int) -> int:
     """The summary's length limit: configured, else scaled to the window."""
     if s.summary_max_tokens is not None:
         return s.summary_max_tokens
-    return max(_MIN_SUMMARY_TOKENS, min(_MAX_SUMMARY_TOKENS, window // 16))
+    return max(_MIN_SUMMARY_TOKENS, min(_MAX_SUMMARY_TOKENS, window // _WINDOW_PER_SUMMARY_TOKEN))
 
 
 def room_after(s: CompressSettings, window: int) -> int:
@@ -370,6 +374,7 @@ class Compress:
         problem = summary_problem(text, tokens, target.model, () if facts else SECTIONS)
         if problem is not None:
             raise SummaryRejected(problem, usage)
+        text = within_limit(text, answer_tokens, model)
         await archive.put_text(handle, full)
         listing = await offloop.run_unless_light(span, self._identifier_listing, wire, span, model,
                                                  ctx.window * s.identifiers_max_share)

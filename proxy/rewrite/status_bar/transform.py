@@ -11,10 +11,14 @@ No status goes after an item the API wants last (Codex's `compaction_trigger`:
 that request is the provider compacting the history, not a turn), nor after the
 assistant's own words (a prefill).
 
-Modes: `append` keeps each status in the history (~100 tokens a turn, which
-compression later folds in; the model sees how its state evolved);
-`replace` sends only the latest (nothing accumulates; the cache still hits up
-to the end of the previous turn, losing only the previous status itself).
+Modes: `append` keeps each status in the history (which compression later
+folds in; the model sees how its state evolved); `replace` sends only the
+latest (nothing accumulates; the cache still hits up to the end of the
+previous turn, losing only the previous status itself). Either way each status
+is new, uncached tokens on its request, so its length is its price: a full
+status (every count, the clock) comes every `full_every` turns, and the turns
+between carry only what the agent could not do without on that turn - the
+turn, the context use, and whatever warns.
 """
 
 from __future__ import annotations
@@ -175,26 +179,36 @@ class StatusBar:
 
     def render(self, t: Trajectory, conv: Conversation, window: int, used: int, since_first: float,
                since_last: float, now: float, compressed: bool = False) -> str:
-        """`compressed`: the route compacts history, so the context advice says so instead of "finish"."""
+        """`compressed`: the route compacts history, so the context advice says so instead of "finish".
+
+        Which turns get the full status is counted from the history, so every replica and restart picks
+        the same ones; a short status has no clock line, so it is the same bytes for the same history.
+        """
         s = self.settings
-        offloads = len(conv.kinds(Offloaded))
-        compactions = max((e.version for e in conv.kinds(CompactionInEffect)), default=0)
-        per_tool = ", ".join(f"{name}={c}" for name, c in sorted(t.calls.items(), key=lambda kv: (-kv[1], kv[0])))
+        full = t.turns % s.full_every == 0
         share = used / window if window else 0.0
-        lines = [f"turn: {t.turns}", f"tool_calls: {sum(t.calls.values())}" + (f" ({per_tool})" if per_tool else "")]
-        if t.last_tool:
+        lines = [f"turn: {t.turns}"]
+        if full:
+            per_tool = ", ".join(f"{name}={c}" for name, c in sorted(t.calls.items(), key=lambda kv: (-kv[1], kv[0])))
+            lines.append(f"tool_calls: {sum(t.calls.values())}" + (f" ({per_tool})" if per_tool else ""))
+        if t.last_tool and (full or t.last_error):
             lines.append(f"last_tool: {t.last_tool} ({'error' if t.last_error else 'ok'})")
         if t.repeated > 1:
             lines.append(f"repeated_call: {t.last_call} x{t.repeated}")
-        lines.append(f"consecutive_errors: {t.consecutive_errors}")
-        lines.append(f"elapsed: {_duration(since_first)} total, {_duration(since_last)} since last request")
-        lines.append(f"context: {share:.0%} ({used:,}/{window:,} tokens), offloaded {offloads}, "
-                     f"compactions {compactions}")
-        lines.append("time: " + time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(now)))
-        if t.todo_open is not None:
-            lines.append(f"todo: {t.todo_open} open, {t.todo_done} done")
-        context = s.context_compressed if compressed else s.context
-        rules = ((t.repeated, s.repeated_call), (t.consecutive_errors, s.consecutive_errors), (share, context))
+        if full or t.consecutive_errors:
+            lines.append(f"consecutive_errors: {t.consecutive_errors}")
+        context = f"context: {share:.0%} ({used:,}/{window:,} tokens)"
+        if full:
+            lines.append(f"elapsed: {_duration(since_first)} total, {_duration(since_last)} since last request")
+            compactions = max((e.version for e in conv.kinds(CompactionInEffect)), default=0)
+            lines.append(f"{context}, offloaded {len(conv.kinds(Offloaded))}, compactions {compactions}")
+            lines.append("time: " + time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(now)))
+            if t.todo_open is not None:
+                lines.append(f"todo: {t.todo_open} open, {t.todo_done} done")
+        else:
+            lines.append(context)
+        advice = s.context_compressed if compressed else s.context
+        rules = ((t.repeated, s.repeated_call), (t.consecutive_errors, s.consecutive_errors), (share, advice))
         for value, rule in rules:
             if rule.text and value >= rule.at:
                 lines.append(f"advice: {rule.text}")
