@@ -77,7 +77,7 @@ def test_check_prints_each_routes_effective_window_and_thresholds(tmp_path, upst
     assert "window: 32,000 tokens" in local and "its models: my-local-model 32,000" in local
     # 50,000 asked, but a tool result never takes more than a quarter of the window: 8,000 is what applies
     assert "offload: tool results over 8,000 tokens, user messages over 16,000" in local
-    assert "compress: trigger 85% (27,200 tokens), target 20% (6,400), newest 3,200 kept verbatim" in local
+    assert "compress: trigger 75% (24,000 tokens), target 20% (6,400), newest 3,200 kept verbatim" in local
     assert "window: 128,000 tokens" in default and "tool results over 20,000 tokens" in default
 
 
