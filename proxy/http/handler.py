@@ -106,8 +106,14 @@ async def _whole(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop:
     except ProxyError as err:
         run.finish(ledger.close(err.status, err.code), status=err.status, error=err.code)
         return error_response(err, wire, run.headers)
-    if resp.status_code == 200:
-        ledger.outcome.usage = wire.usage_of_reply(content)
-    run.finish(ledger.close(resp.status_code), status=resp.status_code, bytes_out=len(content))
-    return relay_response(content, resp.status_code, response_headers(resp.headers, decoded=True)
-                          + list(run.headers.items()))
+    status = resp.status_code
+
+    def account() -> None:  # after the body is sent: the client does not wait for the record and the log line
+        try:
+            if status == 200:
+                ledger.outcome.usage = wire.usage_of_reply(content)
+        finally:
+            run.finish(ledger.close(status), status=status, bytes_out=len(content))
+
+    return relay_response(content, status, response_headers(resp.headers, decoded=True) + list(run.headers.items()),
+                          then=account)
