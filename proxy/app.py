@@ -63,6 +63,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="ctxproxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
+    # The proxied paths are plain Starlette routes: they take the raw request, so FastAPI's per-request
+    # dependency and validation machinery would be pure overhead on the hot path. They come first: the router
+    # tries routes in order, and no other path starts with /v1/ or /r/, so the proxy's own endpoints after
+    # them answer exactly as before while a turn skips their matching.
+    for prefix in ("", "/r/{route}"):
+        app.add_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
+        app.add_route(prefix + "/v1/responses", responses, methods=["POST"])
+        app.add_route(prefix + "/v1/messages", messages, methods=["POST"])
+    for prefix in ("", "/r/{route}"):
+        app.add_route(prefix + "/v1/messages/count_tokens", count_tokens, methods=["POST"])
+        app.add_api_websocket_route(prefix + "/v1/responses", responses_websocket)
+        app.add_route(prefix + "/v1/{path:path}", passthrough, methods=ALL_METHODS)
     app.add_api_route("/healthz", healthz, methods=["GET"])
     app.add_api_route("/readyz", readyz, methods=["GET"])
     app.add_api_route("/metrics", ctx_api.metrics, methods=["GET"])
@@ -72,15 +84,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_api_route("/ctx/v1/sessions/{session:path}/requests/{n}", ctx_api.get_request, methods=["GET"])
     app.add_api_route("/ctx/v1/sessions/{session:path}", ctx_api.get_session, methods=["GET"])
     app.add_api_route("/ctx/v1/blobs/{handle}", ctx_api.get_blob, methods=["GET"])
-    # The proxied paths are plain Starlette routes: they take the raw request, so FastAPI's per-request
-    # dependency and validation machinery would be pure overhead on the hot path.
-    for prefix in ("", "/r/{route}"):
-        app.add_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
-        app.add_route(prefix + "/v1/responses", responses, methods=["POST"])
-        app.add_route(prefix + "/v1/messages", messages, methods=["POST"])
-        app.add_route(prefix + "/v1/messages/count_tokens", count_tokens, methods=["POST"])
-        app.add_api_websocket_route(prefix + "/v1/responses", responses_websocket)
-        app.add_route(prefix + "/v1/{path:path}", passthrough, methods=ALL_METHODS)
 
     app.add_middleware(CountEveryAnswer)  # inside the outermost 500 handler: it sees every answer but that one
     app.add_exception_handler(ProxyError, _proxy_error)
