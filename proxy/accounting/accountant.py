@@ -183,34 +183,34 @@ class Accountant:
 
     def _metrics(self, ctx: RequestContext, e: dict[str, Any], o: Outcome, f: Figures) -> None:
         m, labels = self.metrics, (ctx.route.name, self.metrics.model_label(ctx.model))
-        m.requests.labels(*labels, str(o.status)).inc()
+        m.of(m.requests, *labels, str(o.status)).inc()
         if e["prompt"] is not None:
-            m.prompt.labels(*labels).inc(e["prompt"])
-            m.completion.labels(*labels).inc(e["completion"])
+            m.of(m.prompt, *labels).inc(e["prompt"])
+            m.of(m.completion, *labels).inc(e["completion"])
         if e["cached"] is not None:
-            m.cached.labels(*labels).inc(e["cached"])
-        m.cacheable.labels(*labels).inc(e["cacheable"] or 0)
+            m.of(m.cached, *labels).inc(e["cached"])
+        m.of(m.cacheable, *labels).inc(e["cacheable"] or 0)
         for kind, usage in o.own:
-            m.own_prompt.labels(*labels, kind).inc(usage.prompt)
+            m.of(m.own_prompt, *labels, kind).inc(usage.prompt)
         if e["offloaded_new"]:
-            m.offloads.labels(*labels).inc(e["offloaded_new"])
+            m.of(m.offloads, *labels).inc(e["offloaded_new"])
         for layer in f.compactions:
-            m.compactions.labels(*labels, layer).inc()
+            m.of(m.compactions, *labels, layer).inc()
         if o.accepted:
-            m.client_tokens.labels(*labels).inc(f.client_tokens)
-            m.sent_tokens.labels(*labels).inc(f.sent_tokens)
+            m.of(m.client_tokens, *labels).inc(f.client_tokens)
+            m.of(m.sent_tokens, *labels).inc(f.sent_tokens)
             for by, amount in (("offload", f.saved_offload), ("compress", f.saved_compress)):
                 if amount > 0:  # a counter never goes down; the exact net is client - sent
-                    m.saved.labels(*labels, by).inc(amount)
+                    m.of(m.saved, *labels, by).inc(amount)
         if e["read_rounds"]:
-            m.read_rounds.labels(*labels).inc(e["read_rounds"])
+            m.of(m.read_rounds, *labels).inc(e["read_rounds"])
         if e["break"]:
-            m.breaks.labels(*labels, e["break"]).inc()
+            m.of(m.breaks, *labels, e["break"]).inc()
         if e["degraded"]:
-            m.degraded.labels(*labels).inc()
-        m.overhead.labels(*labels).observe(o.overhead_s)
+            m.of(m.degraded, *labels).inc()
+        m.of(m.overhead, *labels).observe(o.overhead_s)
         if o.upstream_s:
-            m.upstream.labels(*labels).observe(o.upstream_s)
+            m.of(m.upstream, *labels).observe(o.upstream_s)
 
     def _queue(self, ctx: RequestContext, traces: dict[str, Any], e: dict[str, Any], f: Figures,
                inspect: dict[str, Any], texts: list[dict[str, Any]], reads: list[str]) -> None:
