@@ -53,3 +53,19 @@ def test_each_api_goes_through_the_mock_the_proxy_and_the_floor(tmp_path: Path) 
     # ctxproxy handled each one itself (its request id came back), the others are not ctxproxy
     assert {k: len(v) for k, v in ids[PROXY].items()} == {"chat": 1, "responses": 1, "messages": 1}
     assert ids[DIRECT] == {} and ids[FLOOR] == {}
+
+
+def test_the_floor_targets_are_read_off_one_runs_medians_and_throughput() -> None:
+    from bench.overhead.targets import floor_targets
+
+    def sc(direct: float, floor: float, proxy: float) -> dict[str, dict[str, float]]:
+        return {"direct": {"median": direct}, "floor": {"median": floor}, "proxy": {"median": proxy}}
+
+    res = {"scenarios": {"small": sc(1.0, 2.0, 2.5), "small_messages": sc(1.0, 2.0, 2.6), "long": sc(10.0, 12.0, 14.0),
+                         "c16_rps": {"direct": {"rps": 900.0}, "floor": {"rps": 400.0}, "proxy": {"rps": 299.0}}}}
+    rows = {r["scenario"]: r for r in floor_targets(res)}
+    assert set(rows) == {"small", "small_messages", "long", "c16_rps"}  # only what ran
+    assert (rows["small"]["value"], rows["small"]["met"]) == (1.5, True)
+    assert rows["small_messages"]["met"] is False  # 1.6 > 1.5
+    assert (rows["long"]["value"], rows["long"]["met"]) == (2.0, True)
+    assert rows["c16_rps"]["value"] == 299.0 / 400.0 and rows["c16_rps"]["met"] is False

@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from silent_server import SilentServer
 
 from proxy.store import RedisStore, SqliteStore, Store, StoreError, open_store
+from proxy.store.base import Writes
 
 REDIS_URL = os.environ.get("CTXPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 SKIP_REDIS = os.environ.get("CTXPROXY_SKIP_REDIS") == "1"
@@ -281,6 +282,23 @@ async def test_append_logs_writes_many_logs_at_once(store: Store) -> None:
     await store.append_logs([])
 
 
+async def test_write_batch_does_what_its_calls_one_by_one_do(store: Store) -> None:
+    await store.incr("t:a:n", 2)
+    await store.put_json("t:a:first", {"kept": True})
+    await store.append_log("t:a:l1", b"0")
+    await store.write_batch(Writes(
+        ttl=60, amounts={"t:a:n": 3, "t:a:x": 0.5}, records={"t:a:rec": {"a": [1, "b"]}, "t:a:r2": 7},
+        records_if_absent={"t:a:first": {"kept": False}, "t:a:new": 1.5},
+        logs=[([("t:a:l1", b"1"), ("t:a:l2", b"x")], None), ([("t:a:l1", b"2"), ("t:a:l1", b"3")], 3), ([], 1)]))
+    assert (await store.get_counter("t:a:n"), await store.get_counter("t:a:x")) == (5, 0.5)
+    assert await store.get_json("t:a:rec") == {"a": [1, "b"]} and await store.get_json("t:a:r2") == 7
+    assert await store.get("t:a:rec") == b'{"a":[1,"b"]}'  # the bytes put_json writes
+    assert await store.get_json("t:a:first") == {"kept": True} and await store.get_json("t:a:new") == 1.5
+    assert await store.read_log("t:a:l1") == [b"1", b"2", b"3"]  # the second list's max_len applies to it
+    assert await store.read_log("t:a:l2") == [b"x"]
+    await store.write_batch(Writes())
+
+
 async def test_counters_by_prefix(store: Store) -> None:
     await store.incr("t:a:in", 10)
     await store.incr("t:a:out", 2.5)
@@ -488,6 +506,8 @@ EVERY_CALL: dict[str, Callable[[Store], Awaitable[Any]]] = {
     "keys": lambda s: s.keys("t:a:"),
     "append_log": lambda s: s.append_log("t:a:log", b"e", max_len=10, ttl=60),
     "append_logs": lambda s: s.append_logs([("t:a:log", b"e")], max_len=10, ttl=60),
+    "write_batch": lambda s: s.write_batch(Writes(ttl=60, amounts={"t:a:n": 1}, records={"t:a:rec": 1},
+                                                  logs=[([("t:a:log", b"e")], 10)])),
     "read_log": lambda s: s.read_log("t:a:log"),
     "acquire_lock": lambda s: s.acquire_lock("t:a:lock", lease=1),
     "renew_lock": lambda s: s.renew_lock("t:a:lock", "token", lease=1),

@@ -89,5 +89,6 @@ Modules: ``config`` (what is sent, how often), ``processes`` (starting and
 stopping the mock, the proxy, the floor and LiteLLM), ``mock`` and ``floor``
 (the two helper servers), ``client`` (targets, interleaving), ``cpu`` (CPU
 accounting), ``scenarios`` (the scenarios), ``stats``, ``proxy_log`` (the
-proxy's own timings), ``report`` and ``report_apis`` (the printed tables) and ``cli``.
+proxy's own timings), ``report`` and ``report_apis`` (the printed tables), ``targets``
+(issue 27's floor targets from this run, met or not: the report's last table) and ``cli``.
 """

@@ -22,6 +22,7 @@ from bench.overhead.proxy_log import proxy_log_breakdown
 from bench.overhead.report import print_report
 from bench.overhead.scenarios import run
 from bench.overhead.stats import floor_added
+from bench.overhead.targets import floor_targets
 
 
 def _print_log_tails(procs: Processes) -> None:
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     res["floor_small_request"] = floor_added(res)
     res["floor_small_responses"] = floor_added(res, "small_responses")
     res["floor_small_messages"] = floor_added(res, "small_messages")
+    res["floor_targets"] = floor_targets(res)
     samples = res.pop("samples_ms", {})
     print_report(res)
     if args.json:

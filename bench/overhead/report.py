@@ -7,6 +7,7 @@ from typing import Any
 from bench.overhead.config import CONCURRENCY, FLOOR, LITELLM, TARGET_ADDED_MEDIAN_MS
 from bench.overhead.report_apis import print_apis
 from bench.overhead.stats import added_ratio, floor_added
+from bench.overhead.targets import print_targets
 
 ROWS = [
     ("small", "small non-stream, latency"),
@@ -20,7 +21,7 @@ ROWS = [
 
 def print_report(res: dict[str, Any]) -> None:
     """The whole report: run facts, direct / ctxproxy, the floor, the client APIs, LiteLLM, CPU per request, the
-    proxy's log."""
+    proxy's log, and last the floor targets met or not."""
     _print_facts(res)
     _print_main_table(res)
     print_floor(res)
@@ -29,6 +30,7 @@ def print_report(res: dict[str, Any]) -> None:
     _print_cpu(res)
     _print_websocket(res)
     _print_proxy_log(res)
+    print_targets(res.get("floor_targets") or [])
 
 
 def _print_facts(res: dict[str, Any]) -> None:

@@ -44,6 +44,7 @@ from proxy.rewrite.compress.history import system_end
 from proxy.rewrite.context_read.rate import HandleCounts, ReadBack, read_back
 from proxy.rewrite.events import Compacted, CompactionInEffect, HistoryElsewhere
 from proxy.store import Store, StoreError
+from proxy.store.base import Writes
 from proxy.tokens.counter import message_digest
 from proxy.wire import jsonio
 from proxy.wire.usage import Usage, parse_usage
@@ -185,34 +186,34 @@ class Accountant:
 
     def _metrics(self, ctx: RequestContext, e: dict[str, Any], o: Outcome, f: Figures) -> None:
         m, labels = self.metrics, (ctx.route.name, self.metrics.model_label(ctx.model))
-        m.requests.labels(*labels, str(o.status)).inc()
+        m.of(m.requests, *labels, str(o.status)).inc()
         if e["prompt"] is not None:
-            m.prompt.labels(*labels).inc(e["prompt"])
-            m.completion.labels(*labels).inc(e["completion"])
+            m.of(m.prompt, *labels).inc(e["prompt"])
+            m.of(m.completion, *labels).inc(e["completion"])
         if e["cached"] is not None:
-            m.cached.labels(*labels).inc(e["cached"])
-        m.cacheable.labels(*labels).inc(e["cacheable"] or 0)
+            m.of(m.cached, *labels).inc(e["cached"])
+        m.of(m.cacheable, *labels).inc(e["cacheable"] or 0)
         for kind, usage in o.own:
-            m.own_prompt.labels(*labels, kind).inc(usage.prompt)
+            m.of(m.own_prompt, *labels, kind).inc(usage.prompt)
         if e["offloaded_new"]:
-            m.offloads.labels(*labels).inc(e["offloaded_new"])
+            m.of(m.offloads, *labels).inc(e["offloaded_new"])
         for layer in f.compactions:
-            m.compactions.labels(*labels, layer).inc()
+            m.of(m.compactions, *labels, layer).inc()
         if o.accepted:
-            m.client_tokens.labels(*labels).inc(f.client_tokens)
-            m.sent_tokens.labels(*labels).inc(f.sent_tokens)
+            m.of(m.client_tokens, *labels).inc(f.client_tokens)
+            m.of(m.sent_tokens, *labels).inc(f.sent_tokens)
             for by, amount in (("offload", f.saved_offload), ("compress", f.saved_compress)):
                 if amount > 0:  # a counter never goes down; the exact net is client - sent
-                    m.saved.labels(*labels, by).inc(amount)
+                    m.of(m.saved, *labels, by).inc(amount)
         if e["read_rounds"]:
-            m.read_rounds.labels(*labels).inc(e["read_rounds"])
+            m.of(m.read_rounds, *labels).inc(e["read_rounds"])
         if e["break"]:
-            m.breaks.labels(*labels, e["break"]).inc()
+            m.of(m.breaks, *labels, e["break"]).inc()
         if e["degraded"]:
-            m.degraded.labels(*labels).inc()
-        m.overhead.labels(*labels).observe(o.overhead_s)
+            m.of(m.degraded, *labels).inc()
+        m.of(m.overhead, *labels).observe(o.overhead_s)
         if o.upstream_s:
-            m.upstream.labels(*labels).observe(o.upstream_s)
+            m.of(m.upstream, *labels).observe(o.upstream_s)
 
     def _queue(self, ctx: RequestContext, traces: dict[str, Any], e: dict[str, Any], f: Figures,
                inspect: dict[str, Any], texts: list[dict[str, Any]], reads: list[str]) -> None:
@@ -314,24 +315,17 @@ class Accountant:
                     event("accounting not stored: store unavailable", requests=len(b.logs), error=str(err))
 
     async def _write(self, b: _Batch) -> None:
+        """The batch in one store call (Store.write_batch: on SQLite one transaction and one thread hop, where
+        a call per record took one each)."""
         await self._count_handles(b)  # before the counters are written: it adds to them
-        await self.store.incr_many(dict(b.amounts))
-        for key, value in b.traces.items():
-            await self.store.put_json(key, value, ttl=RETENTION)
-        for key, value in b.metas.items():
-            await self.store.put_json(key, value, ttl=RETENTION)
-        for key, value in b.breaks.items():
-            await self.store.put_json(key, value, ttl=RETENTION)
-        for key, ts in b.firsts.items():
-            if key not in self._firsts_written:
-                await self.store.put_json_if_absent(key, ts, ttl=RETENTION)
-                if len(self._firsts_written) > _FIRSTS_REMEMBERED:
-                    self._firsts_written.clear()
-                self._firsts_written.add(key)
-        if b.texts:
-            await self.store.append_logs(b.texts, max_len=TEXTS_MAX, ttl=RETENTION)
-        await self.store.append_logs(b.inspects, max_len=INSPECT_MAX, ttl=RETENTION)
-        await self.store.append_logs(b.logs, max_len=TIMELINE_MAX, ttl=RETENTION)
+        firsts = {key: ts for key, ts in b.firsts.items() if key not in self._firsts_written}
+        await self.store.write_batch(Writes(
+            ttl=RETENTION, amounts=dict(b.amounts), records={**b.traces, **b.metas, **b.breaks},
+            records_if_absent=firsts,
+            logs=[(b.texts, TEXTS_MAX), (b.inspects, INSPECT_MAX), (b.logs, TIMELINE_MAX)]))
+        if len(self._firsts_written) + len(firsts) > _FIRSTS_REMEMBERED:
+            self._firsts_written.clear()
+        self._firsts_written.update(firsts)
 
     async def _count_handles(self, b: _Batch) -> None:
         def count(group: str, hour: int, sess: str, name: str) -> None:

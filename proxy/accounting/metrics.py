@@ -15,8 +15,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from proxy.config import Settings
@@ -87,6 +89,7 @@ def _labelable(model: str) -> bool:
 class Metrics:
     def __init__(self, settings: Settings | None = None) -> None:
         self.model_label = ModelLabels.for_settings(settings)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry = CollectorRegistry()
         rm = ("route", "model")
         self.requests = Counter("ctxproxy_requests", "Answers to clients by status (turns, count_tokens, "
@@ -118,6 +121,15 @@ class Metrics:
                                   buckets=_LATENCY_BUCKETS, registry=r)
         self.upstream = Histogram("ctxproxy_upstream_seconds", "Provider time to response headers", rm,
                                   buckets=_LATENCY_BUCKETS, registry=r)
+
+    def of(self, metric: MetricWrapperBase, *labels: str) -> Any:
+        """`metric.labels(*labels)`, looked up once per series: prometheus_client validates and locks on every
+        `labels` call, and a request makes a dozen. The labels are bounded (routes, ModelLabels), so is this."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def render(self) -> bytes:
         """The exposition text; thread-safe (the /metrics handler renders off the event loop)."""

@@ -9,7 +9,7 @@ steps run, ended with the request's log line (a stream's: when it has ended).
 
 from __future__ import annotations
 
-import time
+import functools
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
@@ -22,6 +22,7 @@ from proxy.errors import ProxyError
 from proxy.http.relay import error_response, relay_response, relay_stream
 from proxy.http.request_run import RequestRun, StreamEnd, context, parse, stream_events
 from proxy.http.send import Sent, send_upstream
+from proxy.request import Conversation, RequestContext
 from proxy.rewrite.context_read.loop import ReadLoop
 from proxy.rewrite.pipeline import response_loop, shape
 from proxy.state import ProxyState, state_of
@@ -47,13 +48,12 @@ async def _handle(st: ProxyState, request: Request, wire: Codec, run: RequestRun
         conv = await parse(st, request, wire, run)
         ctx = await context(st, request, conv, run)
         conv = await shape(st.pipelines[ctx.route.name], conv, ctx)
-        sent = await send_upstream(st, request, conv, ctx, run)
+        sent = await send_upstream(st, request, conv, ctx, run, functools.partial(_opened, st, run))
     except ProxyError as err:
         return await run.failed(st, err)
-    outcome = Outcome(overhead_s=run.t_sent - run.t0, upstream_s=time.perf_counter() - run.t_sent,
-                      own=usage_from_events(sent.conv), accepted=sent.resp.status_code < 300)
-    await st.memo.remember(sent.ctx.tenant, sent.ctx.session, sent.conv)
-    ledger = await st.accounting.open(sent.ctx, sent.conv, outcome)
+    ledger = sent.early or await _opened(st, run, sent.conv, sent.ctx)
+    outcome = ledger.outcome
+    outcome.upstream_s, outcome.accepted = sent.answered - run.t_sent, sent.resp.status_code < 300
     run.known.accounted = True  # closed once, however the request ends
     if run.trace.on:
         run.trace.opened(ledger)
@@ -65,6 +65,13 @@ async def _handle(st: ProxyState, request: Request, wire: Codec, run: RequestRun
     if sent.resp.headers.get("content-type", "").startswith(SSE):
         return _streamed(sent, ledger, run, wire, loop)
     return await _whole(sent, ledger, run, wire, loop)
+
+
+async def _opened(st: ProxyState, run: RequestRun, conv: Conversation, ctx: RequestContext) -> Ledger:
+    """The request as sent remembered for the session's next turn and its ledger opened: done while the provider
+    answers (proxy/http/send.py), it adds nothing to the client's wait."""
+    await st.memo.remember(ctx.tenant, ctx.session, conv)
+    return await st.accounting.open(ctx, conv, Outcome(overhead_s=run.t_sent - run.t0, own=usage_from_events(conv)))
 
 
 def _streamed(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop: ReadLoop | None) -> Response:
@@ -107,8 +114,14 @@ async def _whole(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop:
     except ProxyError as err:
         run.finish(ledger.close(err.status, err.code), status=err.status, error=err.code)
         return error_response(err, wire, run.headers)
-    if resp.status_code == 200:
-        ledger.outcome.usage = wire.usage_of_reply(content)
-    run.finish(ledger.close(resp.status_code), status=resp.status_code, bytes_out=len(content))
-    return relay_response(content, resp.status_code, response_headers(resp.headers, decoded=True)
-                          + list(run.headers.items()))
+    status = resp.status_code
+
+    def account() -> None:  # after the body is sent: the client does not wait for the record and the log line
+        try:
+            if status == 200:
+                ledger.outcome.usage = wire.usage_of_reply(content)
+        finally:
+            run.finish(ledger.close(status), status=status, bytes_out=len(content))
+
+    return relay_response(content, status, response_headers(resp.headers, decoded=True) + list(run.headers.items()),
+                          then=account)

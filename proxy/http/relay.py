@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from proxy.config import ServerSettings
 from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, RequestTimeout
@@ -96,9 +97,31 @@ def _raw(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
 
 
-def relay_response(content: bytes, status: int, headers: list[tuple[str, str]]) -> Response:
-    """A whole body with the provider's headers kept as a list (repeated headers survive)."""
-    out = Response(content, status_code=status)
+class _WholeThen(Response):
+    """A whole body, then `then()`: work the client need not wait for, done however the sending went (a
+    client gone mid-send still has its request accounted)."""
+
+    def __init__(self, content: bytes, status: int, then: Callable[[], None]) -> None:
+        super().__init__(content, status_code=status)
+        self.then = then
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+            # uvloop writes what a callback queued once the callback returns: one turn of the loop puts the
+            # body on the wire first. A request that arrives meanwhile is queued behind this task's next step.
+            await asyncio.sleep(0)
+        finally:
+            self.then()
+
+
+def relay_response(content: bytes, status: int, headers: list[tuple[str, str]],
+                   then: Callable[[], None] | None = None) -> Response:
+    """A whole body with the provider's headers kept as a list (repeated headers survive).
+
+    `then`: called once the body is sent, in the same task and before the app returns (so a reader's next
+    request sees what it did), however the sending ended."""
+    out = Response(content, status_code=status) if then is None else _WholeThen(content, status, then)
     out.raw_headers = _raw(headers) + [(b"content-length", str(len(content)).encode())]
     return out
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -22,7 +23,9 @@ from starlette.requests import Request
 
 from proxy import loop_free
 from proxy.accounting.figures import carry_events
+from proxy.accounting.ledger import Ledger
 from proxy.config import UpstreamSettings
+from proxy.http.overlap import while_answered
 from proxy.http.relay import query_of
 from proxy.http.request_run import RequestRun
 from proxy.logs import event
@@ -34,6 +37,8 @@ from proxy.telemetry import Headers, RequestTrace
 from proxy.upstream.client import read_body, upstream_url
 from proxy.upstream.windows import overflow_limit
 
+Meanwhile = Callable[[Conversation, RequestContext], Awaitable[Ledger]]
+
 
 @dataclass
 class Sent:
@@ -44,24 +49,40 @@ class Sent:
     resp: httpx.Response
     url: str
     send: Send  # for the hidden rounds: more requests to the same place
+    answered: float  # perf_counter when the response's headers arrived
+    early: Ledger | None = None  # `meanwhile`'s ledger, when it measured the request that got this response
 
 
 async def send_upstream(st: ProxyState, request: Request, conv: Conversation, ctx: RequestContext,
-                        run: RequestRun) -> Sent:
+                        run: RequestRun, meanwhile: Meanwhile | None = None) -> Sent:
+    """The request sent, and `meanwhile(conv, ctx)` done while the provider answers (proxy/http/overlap.py);
+    its ledger is dropped when an overflow retry sends another request."""
     url = upstream_url(ctx.route.upstream, conv.wire.path, query_of(request))
+    answered = 0.0
 
     async def send(payload: bytes, kind: str = "turn") -> httpx.Response:
+        nonlocal answered
         if not run.trace.on:
-            return await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
-        return await traced_send(st, run.trace, kind, "POST", url, ctx.upstream_headers, payload, ctx.route.upstream,
-                                 ctx.model)
+            resp = await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
+        else:
+            resp = await traced_send(st, run.trace, kind, "POST", url, ctx.upstream_headers, payload,
+                                     ctx.route.upstream, ctx.model)
+        answered = time.perf_counter()
+        return resp
 
     run.t_sent = time.perf_counter()
-    resp = await send(await loop_free.to_bytes(conv))
+    payload = await loop_free.to_bytes(conv)
+    early: Ledger | None = None
+    first_conv, first_ctx = conv, ctx
+    if meanwhile is None:
+        resp = await send(payload)
+    else:
+        resp, early = await while_answered(send(payload), lambda: meanwhile(first_conv, first_ctx))
     if resp.status_code == 400 and ctx.model:
         retry = functools.partial(send, kind="retry") if run.trace.on else send
         resp, conv, ctx = await _retry_if_overflow(st, resp, url, retry, conv, ctx, run)
-    return Sent(conv, ctx, resp, url, functools.partial(send, kind="read_round") if run.trace.on else send)
+    return Sent(conv, ctx, resp, url, functools.partial(send, kind="read_round") if run.trace.on else send,
+                answered, early if conv is first_conv and ctx is first_ctx else None)
 
 
 async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, send: Send, conv: Conversation,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import orjson
@@ -27,6 +28,20 @@ class StoreError(Exception):
     ``__cause__``, so callers catch ``StoreError`` and degrade instead of crashing.
     Messages name the operation and the backend error, never a stored value.
     """
+
+
+@dataclass
+class Writes:
+    """Writes that go together (a batch of the accounting's), in one call: counters added to, JSON records put,
+    records put unless present, and log appends, each list of appends with its own ``max_len``. All of them
+    share ``ttl``. A backend applies them as one unit of work (SQLite: one transaction on its thread), in
+    that order, with the results of the calls they stand for."""
+
+    ttl: float | None = None
+    amounts: dict[str, int | float] = field(default_factory=dict)
+    records: dict[str, Any] = field(default_factory=dict)
+    records_if_absent: dict[str, Any] = field(default_factory=dict)
+    logs: list[tuple[list[tuple[str, bytes]], int | None]] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -113,6 +128,10 @@ class Store(Protocol):
         sharded backend the appends to logs of different groups are separate transactions."""
         ...
 
+    async def write_batch(self, writes: Writes) -> None:
+        """`writes` applied as incr_many, put_json, put_json_if_absent and append_logs would, in that order."""
+        ...
+
     async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
         """Entries ``start..end`` inclusive; negative indexes count from the end (like LRANGE)."""
         ...
@@ -143,6 +162,8 @@ class _Blobs(Protocol):
         self, entries: list[tuple[str, bytes]], max_len: int | None = None, ttl: float | None = None
     ) -> None: ...
 
+    async def incr_many(self, amounts: dict[str, int | float]) -> None: ...
+
 
 class SharedOpsMixin:
     """Operations written once on top of each backend's primitives, so both backends agree byte for byte:
@@ -166,6 +187,18 @@ class SharedOpsMixin:
 
     async def put_json_if_absent(self: _Blobs, key: str, value: Any, ttl: float | None = None) -> bool:
         return await self.put_if_absent(key, orjson.dumps(value), ttl)
+
+    async def write_batch(self: _Blobs, writes: Writes) -> None:
+        """One call per write, in the contract's order (a backend with a cheaper way overrides this)."""
+        if writes.amounts:
+            await self.incr_many(writes.amounts)
+        for key, value in writes.records.items():
+            await self.put(key, orjson.dumps(value), writes.ttl)
+        for key, value in writes.records_if_absent.items():
+            await self.put_if_absent(key, orjson.dumps(value), writes.ttl)
+        for entries, max_len in writes.logs:
+            if entries:
+                await self.append_logs(entries, max_len, writes.ttl)
 
 
 def _is_number(x: object) -> bool:

@@ -11,10 +11,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
+
 from .base import (
     MAX_EVICTIONS_PER_PUT,
     SharedOpsMixin,
     StoreError,
+    Writes,
     as_number,
     check_amount,
     check_counted_group,
@@ -63,6 +66,9 @@ _UPSERT_BLOB = (
     "INSERT INTO blobs (key, value, expires_at) VALUES (:key, :value, :now + :ttl)"
     " ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at"
 )
+# An expired row counts as absent, so the upsert may take it over.
+_UPSERT_BLOB_IF_ABSENT = _UPSERT_BLOB + " WHERE blobs.expires_at IS NOT NULL AND blobs.expires_at <= :now"
+_INCR = "INSERT INTO counters (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = value + excluded.value"
 # Counted blobs that expired give their bytes back before the blobs themselves go.
 _EXPIRED_COUNTED = (
     "SELECT c.grp, SUM(c.size) FROM blobs b JOIN counted c ON c.key = b.key WHERE b.expires_at <= :now GROUP BY c.grp"
@@ -177,8 +183,8 @@ class SqliteStore(SharedOpsMixin):
 
     async def put_if_absent(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         # An expired row counts as absent, so the upsert may take it over.
-        sql = _UPSERT_BLOB + " WHERE blobs.expires_at IS NOT NULL AND blobs.expires_at <= :now"
-        return await self._changed("put_if_absent", sql, key=key, value=bytes(value), ttl=check_ttl(ttl))
+        return await self._changed("put_if_absent", _UPSERT_BLOB_IF_ABSENT, key=key, value=bytes(value),
+                                   ttl=check_ttl(ttl))
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         if not keys:
@@ -263,12 +269,10 @@ class SqliteStore(SharedOpsMixin):
     async def incr_many(self, amounts: dict[str, int | float]) -> None:
         for amount in amounts.values():
             check_amount(amount)
-        sql = ("INSERT INTO counters (key, value) VALUES (?, ?) ON CONFLICT (key)"
-               " DO UPDATE SET value = value + excluded.value")
 
         def write(conn: sqlite3.Connection, p: Params) -> None:
             with _transaction(conn, "BEGIN IMMEDIATE"):
-                conn.executemany(sql, list(amounts.items()))
+                conn.executemany(_INCR, list(amounts.items()))
 
         await self._run("incr_many", write)
 
@@ -291,22 +295,36 @@ class SqliteStore(SharedOpsMixin):
         def append(conn: sqlite3.Connection, p: Params) -> None:
             self._maybe_purge(conn, p["now"])
             with _transaction(conn, "BEGIN IMMEDIATE"):  # one transaction for the whole batch
-                for key, value in entries:
-                    q = {"key": key, "now": p["now"]}
-                    seq, expires_at = _live_log_meta(conn, q) or (0, None)
-                    if ttl is not None:
-                        expires_at = p["now"] + ttl
-                    conn.execute(
-                        "INSERT INTO log_meta (key, next_seq, expires_at) VALUES (?, ?, ?) ON CONFLICT (key)"
-                        " DO UPDATE SET next_seq = excluded.next_seq, expires_at = excluded.expires_at",
-                        (key, seq + 1, expires_at),
-                    )
-                    conn.execute("INSERT INTO log_items (key, seq, value) VALUES (?, ?, ?)", (key, seq, bytes(value)))
-                    if max_len is not None:
-                        conn.execute("DELETE FROM log_items WHERE key = ? AND seq <= ?", (key, seq - max_len))
+                _append_logs(conn, entries, max_len, ttl, p["now"])
 
         if entries:
             await self._run("append_logs", append)
+
+    async def write_batch(self, writes: Writes) -> None:
+        """One hop to the worker thread and one transaction for the whole batch (the calls it stands for would
+        each take their own): the accounting writes its batch this way."""
+        ttl = check_ttl(writes.ttl)
+        for amount in writes.amounts.values():
+            check_amount(amount)
+        logs = [(entries, check_max_len(max_len)) for entries, max_len in writes.logs if entries]
+        records = [{"key": k, "value": orjson.dumps(v), "ttl": ttl} for k, v in writes.records.items()]
+        absent = [{"key": k, "value": orjson.dumps(v), "ttl": ttl} for k, v in writes.records_if_absent.items()]
+
+        def write(conn: sqlite3.Connection, p: Params) -> None:
+            now = p["now"]
+            self._maybe_purge(conn, now)
+            with _transaction(conn, "BEGIN IMMEDIATE"):
+                if writes.amounts:
+                    conn.executemany(_INCR, list(writes.amounts.items()))
+                for q in records:
+                    conn.execute(_UPSERT_BLOB, {**q, "now": now})
+                for q in absent:
+                    conn.execute(_UPSERT_BLOB_IF_ABSENT, {**q, "now": now})
+                for entries, max_len in logs:
+                    _append_logs(conn, entries, max_len, ttl, now)
+
+        if writes.amounts or records or absent or logs:
+            await self._run("write_batch", write)
 
     async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
         def read(conn: sqlite3.Connection, p: Params) -> list[bytes]:
@@ -367,6 +385,24 @@ class SqliteStore(SharedOpsMixin):
             await asyncio.get_running_loop().run_in_executor(self._executor, shut)
         finally:
             self._executor.shutdown(wait=False)
+
+
+def _append_logs(conn: sqlite3.Connection, entries: list[tuple[str, bytes]], max_len: int | None, ttl: float | None,
+                 now: float) -> None:
+    """The appends of append_logs, inside the caller's transaction."""
+    for key, value in entries:
+        q = {"key": key, "now": now}
+        seq, expires_at = _live_log_meta(conn, q) or (0, None)
+        if ttl is not None:
+            expires_at = now + ttl
+        conn.execute(
+            "INSERT INTO log_meta (key, next_seq, expires_at) VALUES (?, ?, ?) ON CONFLICT (key)"
+            " DO UPDATE SET next_seq = excluded.next_seq, expires_at = excluded.expires_at",
+            (key, seq + 1, expires_at),
+        )
+        conn.execute("INSERT INTO log_items (key, seq, value) VALUES (?, ?, ?)", (key, seq, bytes(value)))
+        if max_len is not None:
+            conn.execute("DELETE FROM log_items WHERE key = ? AND seq <= ?", (key, seq - max_len))
 
 
 @contextmanager

@@ -102,6 +102,7 @@ def response_headers(upstream_headers: httpx.Headers, *, decoded: bool = False) 
 _PATH_SAFE = "/:@!$&'()*+,;=-._~"
 
 
+@functools.lru_cache(maxsize=1024)  # a handful of paths per route; a refused one raises and is not kept
 def _path_tail(tail: str) -> str:
     """The client's (decoded) path after `/v1`, safe to append to a route's base URL.
 

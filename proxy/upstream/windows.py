@@ -28,6 +28,7 @@ What is learned shrinks later requests, so it is learned carefully:
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from dataclasses import dataclass
@@ -66,11 +67,14 @@ def context_window(settings: Settings, model: str | None, route_default: int) ->
     facts = settings.models.get(model)
     if facts and facts.context_window:
         return facts.context_window
-    bare = model.rsplit("/", 1)[-1]
-    for glob, window in BUILTIN_WINDOWS:
-        if fnmatchcase(bare, glob):
-            return window
-    return route_default
+    return _builtin_window(model.rsplit("/", 1)[-1]) or route_default
+
+
+@functools.lru_cache(maxsize=1024)
+def _builtin_window(bare: str) -> int | None:
+    """The built-in table's window for a model name (the first glob it matches), found once per name: a request
+    otherwise matched its model against the table's globs one by one."""
+    return next((window for glob, window in BUILTIN_WINDOWS if fnmatchcase(bare, glob)), None)
 
 
 TTL_S = 24 * 3600.0  # how long a learned window holds
