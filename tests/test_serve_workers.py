@@ -18,6 +18,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import crafted
@@ -32,7 +33,7 @@ from proxy.config import build_settings
 from proxy.http.routing import tenant_id
 from proxy.store.sqlite import SqliteStore
 
-MAX_ROUNDS = 12  # the crafted session sent again until every request of it was answered by both workers
+MAX_CONNECTIONS = 64  # connections opened, and held open, until both workers have accepted one
 REDIS = "redis://127.0.0.1:6379/11"
 
 
@@ -42,15 +43,24 @@ class Workers:
     def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
         self.proc, self.url, self.log = proc, url, log
 
-    def on_one_connection(self, method: str, path: str, **kw: object) -> tuple[int, httpx.Response]:
-        """(the worker that answered, its response) for one request on a fresh connection."""
-        with httpx.Client(base_url=self.url, timeout=30) as c:
-            health = c.get("/healthz")
-            r = c.request(method, path, **kw)  # type: ignore[arg-type]
-            same = health.extensions["network_stream"].get_extra_info("client_addr") == \
-                r.extensions["network_stream"].get_extra_info("client_addr")
-            assert same, "the request did not reuse the /healthz connection"
-            return health.json()["worker"], r
+    @contextmanager
+    def a_connection_to_each(self) -> Iterator[dict[int, httpx.Client]]:
+        """One open connection to each worker: connections are opened (and kept open) until both workers hold one.
+
+        Which worker accepts a fresh connection is the kernel's choice, so sending on fresh connections until
+        both have answered may take any number of tries; connections kept open stay with their worker."""
+        opened: list[httpx.Client] = []
+        chosen: dict[int, httpx.Client] = {}
+        try:
+            while len(chosen) < 2 and len(opened) < MAX_CONNECTIONS:
+                c = httpx.Client(base_url=self.url, timeout=30)
+                opened.append(c)
+                chosen.setdefault(c.get("/healthz").json()["worker"], c)
+            assert len(chosen) == 2, f"{len(opened)} connections all went to one worker"
+            yield chosen
+        finally:
+            for c in opened:
+                c.close()
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -97,24 +107,26 @@ def _log(w: Workers) -> list[dict]:
 
 
 def _figures_until(w: Workers, key: str, session: str, sent: int) -> list[tuple[int, float, int, int]]:
-    """(worker, /metrics 200 answers, /ctx/v1/stats requests, timeline length), asked over fresh connections
+    """(worker, /metrics 200 answers, /ctx/v1/stats requests, timeline length), asked on a connection to each
     until each worker has answered twice with every request counted. A worker writes its requests' figures to
     the store within a flush of its accounting (proxy/accounting/accountant.py FLUSH_DELAY) after each response,
     so a figure read on the other worker may first lag; it never exceeds what was sent."""
     auth = {"authorization": f"Bearer {key}"}
     seen: list[tuple[int, float, int, int]] = []
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        pid, m = w.on_one_connection("GET", "/metrics")
-        _, stats = w.on_one_connection("GET", "/ctx/v1/stats", headers=auth)
-        _, timeline = w.on_one_connection("GET", f"/ctx/v1/sessions/{session}", headers=auth)
-        row = (pid, metric(m.text, "ctxproxy_requests_total", status="200"),
-               stats.json()["totals"]["all"]["requests"], len(timeline.json()["requests"]))
-        assert max(row[1:]) <= sent, row
-        if row[1:] == (sent, sent, sent):
-            seen.append(row)
-        if len({p for p, *_ in seen}) == 2 and len(seen) >= 4:
-            return seen
+    with w.a_connection_to_each() as each:
+        while time.monotonic() < deadline and len(seen) < 4:
+            for pid, c in each.items():
+                m = c.get("/metrics")
+                stats = c.get("/ctx/v1/stats", headers=auth)
+                timeline = c.get(f"/ctx/v1/sessions/{session}", headers=auth)
+                row = (pid, metric(m.text, "ctxproxy_requests_total", status="200"),
+                       stats.json()["totals"]["all"]["requests"], len(timeline.json()["requests"]))
+                assert max(row[1:]) <= sent, row
+                if row[1:] == (sent, sent, sent) and sum(p == pid for p, *_ in seen) < 2:
+                    seen.append(row)
+            if len(seen) == 4:
+                return seen
     raise AssertionError(f"figures never reached {sent} on both workers: {seen}")
 
 
@@ -125,15 +137,15 @@ def test_two_workers_send_the_same_bytes_and_report_the_same_figures(workers, up
     headers = {"authorization": f"Bearer {key}", "x-session-id": session}
     bodies: dict[int, list[tuple[int, bytes]]] = defaultdict(list)  # request of the session -> (worker, upstream body)
     sent = 0
-    for _ in range(MAX_ROUNDS):
+    with workers.a_connection_to_each() as each:
         for i, msgs in enumerate(crafted.requests()):
-            pid, r = workers.on_one_connection("POST", "/v1/chat/completions", headers=headers,
-                                               json={"model": crafted.MODEL, "messages": msgs, "tools": crafted.TOOLS})
-            assert r.status_code == 200, r.text
-            sent += 1
-            bodies[i].append((pid, upstream.requests[-1].body))
-        if all(len({p for p, _ in b}) == 2 for b in bodies.values()):
-            break
+            for pid, c in each.items():  # the session's request i on one worker, then the same on the other
+                r = c.post("/v1/chat/completions", headers=headers,
+                           json={"model": crafted.MODEL, "messages": msgs, "tools": crafted.TOOLS})
+                assert r.status_code == 200, r.text
+                assert c.get("/healthz").json()["worker"] == pid  # still the same connection, the same worker
+                sent += 1
+                bodies[i].append((pid, upstream.requests[-1].body))
     for i, b in bodies.items():
         assert len({p for p, _ in b}) == 2, f"request {i} was only ever answered by one worker"
         assert len({body for _, body in b}) == 1, f"request {i} reached the upstream in different bytes"

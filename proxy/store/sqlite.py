@@ -301,8 +301,7 @@ class SqliteStore(SharedOpsMixin):
             await self._run("append_logs", append)
 
     async def write_batch(self, writes: Writes) -> None:
-        """One hop to the worker thread and one transaction for the whole batch (the calls it stands for would
-        each take their own): the accounting writes its batch this way."""
+        """One thread hop and one transaction for the accounting's whole batch, not one per call it stands for."""
         ttl = check_ttl(writes.ttl)
         for amount in writes.amounts.values():
             check_amount(amount)
