@@ -169,17 +169,22 @@ def test_same_history_same_bytes_after_restart_and_across_redis_replicas(upstrea
     b = _bodies(settings(upstream, store), upstream, "sk-a")  # restart: records replayed, no new summaries
     assert a == b
     assert not any(is_summary_call(r.json) for r in upstream.requests)
+    assert_replicas_send_one_proxys_bytes(upstream, "redis://127.0.0.1:6379/14", f"sqlite:///{tmp_path}/d.db")
+
+
+def assert_replicas_send_one_proxys_bytes(upstream: Any, shared: str, alone: str) -> None:
+    """One agent session alternating between two replicas on store `shared` reaches the provider in the bytes
+    one proxy on store `alone` sends, and no replica degraded on the way."""
     key = f"sk-{uuid.uuid4()}"
-    redis = "redis://127.0.0.1:6379/14"
     upstream.reset()
-    with InProcessProxy(settings(upstream, redis)) as p1, InProcessProxy(settings(upstream, redis)) as p2:
+    with InProcessProxy(settings(upstream, shared)) as p1, InProcessProxy(settings(upstream, shared)) as p2:
         run = agent_run(30)
         upstream.script(*[responder] * 200)
         for n, i in enumerate(range(4, len(run) + 1, 2)):
-            post(p1 if n % 2 else p2, run[:i], key)
+            assert "x-ctxproxy-degraded" not in post(p1 if n % 2 else p2, run[:i], key).headers
     via_two = [r.body for r in chat_requests(upstream)]
     upstream.reset()
-    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/d.db")) as p:
+    with InProcessProxy(settings(upstream, alone)) as p:
         run = agent_run(30)
         upstream.script(*[responder] * 200)
         for i in range(4, len(run) + 1, 2):

@@ -22,7 +22,7 @@ import orjson
 import pytest
 from proxy_server import InProcessProxy, make_settings
 from redis_topology import Cluster, SentinelSet, binaries_or_skip, client, running
-from test_compress import agent_run, chat_requests, post, responder, settings
+from test_compress import assert_replicas_send_one_proxys_bytes
 
 import proxy.store.guarded as guarded
 from proxy.http.routing import tenant_id
@@ -40,20 +40,7 @@ REQUEST_TIMEOUT_S = 10.0
 @pytest.mark.parametrize("topology", ["redis_cluster", "redis_sentinel"])
 def test_two_replicas_send_the_same_bytes_as_one_proxy(upstream, tmp_path, topology, request):
     url = request.getfixturevalue(topology).url
-    key = f"sk-{uuid.uuid4()}"
-    with InProcessProxy(settings(upstream, url)) as p1, InProcessProxy(settings(upstream, url)) as p2:
-        run = agent_run(30)
-        upstream.script(*[responder] * 200)
-        for n, i in enumerate(range(4, len(run) + 1, 2)):
-            assert "x-ctxproxy-degraded" not in post(p1 if n % 2 else p2, run[:i], key).headers
-    via_two = [r.body for r in chat_requests(upstream)]
-    upstream.reset()
-    with InProcessProxy(settings(upstream, f"sqlite:///{tmp_path}/one.db")) as p:
-        run = agent_run(30)
-        upstream.script(*[responder] * 200)
-        for i in range(4, len(run) + 1, 2):
-            post(p, run[:i], key)
-    assert via_two == [r.body for r in chat_requests(upstream)]
+    assert_replicas_send_one_proxys_bytes(upstream, url, f"sqlite:///{tmp_path}/one.db")
     if isinstance(request.getfixturevalue(topology), Cluster):
         assert request.getfixturevalue(topology).crossslot_errors() == 0
 
