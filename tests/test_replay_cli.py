@@ -324,11 +324,10 @@ def test_simulator_over_http_streams_with_usage():
 
 
 def test_replay_to_an_upstream_counts_the_proxys_own_calls(tmp_path, capsys):
-    """--upstream: the proxy's summarizer calls come from its accounting; they match what the provider received."""
+    """--upstream: the proxy's summarizer calls come from its accounting; they match what the provider received,
+    at the shipped defaults (precompute on), a background summary that no turn used included."""
     config = tmp_path / "c.yaml"
-    # precompute off: a background summary started by the session's last request (past 0.72 of the window, never
-    # crossing 0.75) is billed by the provider but in no request's accounting - a known gap, not what this checks
-    config.write_text("defaults:\n  compress: {keep_recent_tokens: 1500, precompute: null}\n")
+    config.write_text("defaults:\n  compress: {keep_recent_tokens: 1500}\n")
     upstream = Simulator(window=6000)
     trace = next(p for p in EXAMPLES if p.name.startswith("21_"))
     with ThreadedServer(upstream, lifespan="off") as server:
@@ -341,6 +340,7 @@ def test_replay_to_an_upstream_counts_the_proxys_own_calls(tmp_path, capsys):
     proxy = doc["totals"]["ctxproxy"]
     assert own and proxy["own_calls"] == len(own)
     assert proxy["own_prompt_tokens"] == sum(r.prompt_tokens for r in own)
+    assert proxy["own_cached_tokens"] == sum(r.cached_tokens for r in own)
     assert proxy["prompt_tokens"] == sum(r.prompt_tokens for r in upstream.log if r.status == 200)
     assert sum(proxy["compactions"].values()) >= 1
 

@@ -140,6 +140,14 @@ class Precomputer:
             return None
         return Ready(upto, message, record.get("usage") or [])
 
+    def busy(self) -> bool:
+        """Whether a background summary is still being written (read from any thread: the set is copied)."""
+        return any(not t.done() for t in self._tasks.copy())
+
+    def longest_s(self) -> float:
+        """The longest a background summary takes: its calls (cached shape, then transcript), plus slack."""
+        return self.compress.settings.summary_timeout * 2 + 10
+
     def _remember(self, k: tuple[str, str], key: str) -> None:
         self._seen.put(k, key)
 
