@@ -343,6 +343,13 @@ def test_replay_to_an_upstream_counts_the_proxys_own_calls(tmp_path, capsys):
     assert proxy["own_cached_tokens"] == sum(r.cached_tokens for r in own)
     assert proxy["prompt_tokens"] == sum(r.prompt_tokens for r in upstream.log if r.status == 200)
     assert sum(proxy["compactions"].values()) >= 1
+    # --simulate counts the simulator's log instead (as bench.replay counts its mock's): the same totals. (Not the
+    # cached tokens: which of a background summary and the request that started it reaches the provider first,
+    # and so which one's prefix is cached for the other, is a race; the prompts are not.)
+    assert run(parse(["--simulate", "--window", "6000", "--config", str(config), "--json", str(trace)])) == 0
+    logged = json.loads(capsys.readouterr().out)["totals"]["ctxproxy"]
+    for k in ("own_calls", "own_prompt_tokens", "prompt_tokens", "compactions"):
+        assert logged[k] == proxy[k], k
 
 
 # --------------------------------------------------------------------------- the Responses API
