@@ -8,11 +8,12 @@ the bill they are checked against is the mock provider's own record of each call
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from prometheus_client.parser import text_string_to_metric_families
 from proxy_server import InProcessProxy
-from test_compress import agent_run, post
+from test_compress import agent_run, big_settings, is_cached_shape, post, responder
 from test_precompute import REDIS, TURNS, crossing, run_turns, settings, slow_summaries, summary_calls
 
 
@@ -115,3 +116,22 @@ def test_two_replicas_on_one_store_count_the_one_summary_once(upstream):
             assert (summary["own_calls"], summary["own_prompt"]) == (calls, prompt)
             assert sum(e.get("own_prompt") or 0 for e in timeline) == prompt
         assert own_prompt_metric(p1) + own_prompt_metric(p2) == prompt  # each process's /metrics: its own calls
+
+
+def test_a_summary_call_answered_with_a_tool_call_is_counted_beside_the_transcript_call_after_it(upstream, tmp_path):
+    """The cached shape answered with a tool call (no summary: the transcript shape is tried next): both billed."""
+    def stubborn(req: dict):
+        if is_cached_shape(req):
+            return {"tool_calls": [{"name": "bash", "arguments": json.dumps({"cmd": "ls"})}]}
+        return responder(req)
+
+    key = f"sk-{uuid.uuid4()}"
+    with InProcessProxy(big_settings(upstream, f"sqlite:///{tmp_path}/t.db")) as p:
+        run = agent_run(60)
+        upstream.script(*[stubborn] * 400)
+        rs = [post(p, run[:i], key) for i in range(4, len(run) + 1, 2)]
+        assert all(r.status_code == 200 for r in rs)
+        p.settle()
+        shapes = [is_cached_shape(upstream.requests[i].json) for i in summary_calls(upstream)]
+        assert shapes[:2] == [True, False]
+        assert_counted_once(p, upstream, key, rs[-1].headers["x-ctxproxy-session"], len(rs))
