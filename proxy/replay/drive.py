@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -29,6 +29,9 @@ from proxy.replay.threaded_server import ThreadedServer
 from proxy.replay.traces import Trace
 from proxy.tokens.counter import default_counter
 from proxy.wire.usage import parse_usage
+
+if TYPE_CHECKING:
+    from proxy.state import ProxyState
 
 SIMULATED_KEY = "sk-ctxproxy-simulated"  # the Authorization the replay sends to the simulator (no real key)
 CACHED_PRICE = 0.1  # a cached prompt token costs about a tenth of an uncached one
@@ -330,7 +333,7 @@ def _from_log(side: Side, records: Sequence[SimRecord]) -> None:
     side.own_cached = sum(r.cached_tokens for r in own if r.billed)
 
 
-def _summaries_written(state: Any) -> None:
+def _summaries_written(state: ProxyState) -> None:
     """Wait out the background summaries the last turns started (proxy/rewrite/compress/precompute.py): each is
     in the provider's bill and the proxy's figures once answered, whether or not a turn used it."""
     longest = state.summarizing()

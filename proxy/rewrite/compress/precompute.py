@@ -112,7 +112,7 @@ class Precomputer:
         """The precomputed summary for this request; waits while a live holder is still writing it."""
         s = self.compress.settings
         key = _key(log, conv, view)
-        deadline = time.monotonic() + s.summary_timeout * 2 + 10
+        deadline = time.monotonic() + self.longest_s()
         record = await ctx.store.get_json(key)
         while isinstance(record, dict) and record.get("state") == "pending":
             token = await ctx.store.acquire_lock(key + ":lock", self.compress.lock_lease)
