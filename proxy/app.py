@@ -61,8 +61,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            await app.state.proxy.accounting.drain()
+            # the upstream first: a summary answered until it closes is accounted as it arrives, then written here
             await upstream.aclose()
+            await app.state.proxy.accounting.drain()
             await store.close()
             if tracing.on:  # the spans still queued are exported before the process goes
                 await asyncio.to_thread(tracing.shutdown)

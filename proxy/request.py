@@ -33,6 +33,15 @@ if TYPE_CHECKING:
     from proxy.tokens.session_memo import RequestMemo
 
 
+class OwnCalls(Protocol):
+    """Accounts one of the proxy's own provider calls (a summary) the moment its answer arrives, to the request
+    that made it (proxy/accounting/own_calls.py): whether or not a request ever uses the result, and once."""
+
+    made: list[tuple[str, Usage]]  # (kind, usage) of each so far, for the request's span; the figures count them apart
+
+    def billed(self, ctx: RequestContext, kind: str, usage: Usage, status: int) -> None: ...
+
+
 @dataclass(frozen=True)
 class RequestContext:
     request_id: str
@@ -45,6 +54,7 @@ class RequestContext:
     window: int  # the model's context window, in tokens
     upstream: Upstream  # for the proxy's own calls (summaries), on the route's upstream
     upstream_headers: list[tuple[str, str]]  # the client's headers as sent upstream (auth included)
+    own_calls: OwnCalls  # where each of the proxy's own calls for this request is accounted as it is answered
     archive_quota: int | None = None  # bytes of stored text the tenant may keep (settings.store_quota_bytes)
     # "count": a count_tokens request, rewritten as a turn would be but never a turn itself: what it stores
     # is marked unsent, for the first turn that sends it to count (proxy/rewrite/first_send.py)

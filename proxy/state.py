@@ -9,6 +9,7 @@ from starlette.requests import Request
 from proxy.accounting.accountant import Accountant
 from proxy.accounting.metrics import Metrics
 from proxy.config import Settings
+from proxy.rewrite.compress.transform import Compress
 from proxy.rewrite.pipeline import Transform, build_pipeline
 from proxy.store import Store
 from proxy.telemetry import OFF, Tracing
@@ -39,6 +40,13 @@ class ProxyState:
                    metrics=metrics, accounting=Accountant(store, metrics, settings.logging.log_content,
                                                         shared=shared_sessions(settings)),
                    pipelines=pipelines, tracing=tracing)
+
+    def summarizing(self) -> float:
+        """0 when no background summary of this process is being written, else the longest one may take (s):
+        a replay waits them out before it reads its figures, as the provider bills them all the same."""
+        running = [t.precomputer for ts in self.pipelines.values() for t in ts
+                   if isinstance(t, Compress) and t.precomputer.busy()]
+        return max((p.longest_s() for p in running), default=0.0)
 
 
 def shared_sessions(settings: Settings) -> bool:

@@ -36,18 +36,19 @@ from proxy.accounting.counters import (
 from proxy.accounting.figures import Figures, measure
 from proxy.accounting.ledger import Ledger
 from proxy.accounting.metrics import Metrics
+from proxy.accounting.own_calls import own_call_counts, own_call_entry
 from proxy.accounting.prefix_check import UNMEASURED, PrefixCheck, Trace, expiry_cause, hidden_cacheable
 from proxy.accounting.previous import Previous
 from proxy.logs import event, log
 from proxy.request import Conversation, RequestContext
 from proxy.rewrite.compress.history import system_end
 from proxy.rewrite.context_read.rate import HandleCounts, ReadBack, read_back
-from proxy.rewrite.events import Compacted, CompactionInEffect, HistoryElsewhere
+from proxy.rewrite.events import CompactionInEffect, HistoryElsewhere
 from proxy.store import Store, StoreError
 from proxy.store.base import Writes
 from proxy.tokens.counter import message_digest
 from proxy.wire import jsonio
-from proxy.wire.usage import Usage, parse_usage
+from proxy.wire.usage import Usage
 
 if TYPE_CHECKING:
     from proxy.request import ReadRounds as Rounds
@@ -63,7 +64,9 @@ class Outcome:
 
     status: int = 0
     usage: Usage | None = None  # every provider call of the turn, summed (hidden read-back rounds included)
-    own: list[tuple[str, Usage]] = field(default_factory=list)  # (kind, usage) of the proxy's own calls
+    # (kind, usage) of the proxy's own calls made while this request ran, for its span; the figures count
+    # them as each was answered (proxy/accounting/own_calls.py), not with the request
+    own: list[tuple[str, Usage]] = field(default_factory=list)
     overhead_s: float = 0.0
     upstream_s: float = 0.0
     error: str | None = None
@@ -178,8 +181,6 @@ class Accountant:
             "saved_compress": f.saved_compress if ok else None, "added": f.added if ok else None,
             "compacted": f.compacted, "compactions": len(f.compactions),
             "read_rounds": rounds.done if rounds is not None else 0, "read_handles": len(read.handles),
-            "own_calls": len(o.own), "own_prompt": sum(x.prompt for _, x in o.own),
-            "own_cached": sum(x.cached or 0 for _, x in o.own),
             "overhead_ms": round(o.overhead_s * 1000, 3), "upstream_ms": round(o.upstream_s * 1000, 3),
             "degraded": f.degraded,
         }
@@ -193,8 +194,6 @@ class Accountant:
         if e["cached"] is not None:
             m.of(m.cached, *labels).inc(e["cached"])
         m.of(m.cacheable, *labels).inc(e["cacheable"] or 0)
-        for kind, usage in o.own:
-            m.of(m.own_prompt, *labels, kind).inc(usage.prompt)
         if e["offloaded_new"]:
             m.of(m.offloads, *labels).inc(e["offloaded_new"])
         for layer in f.compactions:
@@ -224,8 +223,7 @@ class Accountant:
             "cached": e["cached"] or 0, "reported_prompt": (e["prompt"] or 0) if e["cached"] is not None else 0,
             "cacheable": e["cacheable"] or 0,
             "measured_cached": (e["cached"] or 0) if e["cacheable"] is not None else 0,
-            "completion": e["completion"] or 0, "own_calls": e["own_calls"],
-            "own_prompt": e["own_prompt"], "own_cached": e["own_cached"],
+            "completion": e["completion"] or 0,
             "client_tokens": e["client_tokens"] or 0, "sent_tokens": e["sent_tokens"] or 0,
             "saved_offload": e["saved_offload"] or 0, "saved_compress": e["saved_compress"] or 0,
             "breaks": int(bool(e["break"])), "offloads": e["offloaded_new"], "compactions": e["compactions"],
@@ -265,6 +263,19 @@ class Accountant:
                 self._wake()
         except Exception:  # accounting must never be the reason a request fails
             log.exception("accounting failed", extra={"fields": {"request_id": request_id}})
+
+    def own_call(self, ctx: RequestContext, kind: str, usage: Usage, status: int) -> None:
+        """One of the proxy's own calls, answered now: in the figures of the request that made it, once
+        (proxy/accounting/own_calls.py). Never raises."""
+        try:
+            e = own_call_entry(ctx, kind, usage, status)
+            add_counts(self._batch.amounts, ctx.tenant, ctx.session, group_of(ctx.tenant, ctx.route.name, ctx.model),
+                       int(e["ts"] // HOUR), own_call_counts(usage), request=False)
+            self.metrics.of(self.metrics.own_prompt, ctx.route.name, self.metrics.model_label(ctx.model),
+                            kind).inc(usage.prompt)
+            self._log(ctx.tenant, ctx.session, e, {"id": e["request_id"], "kind": kind}, [])
+        except Exception:  # accounting must never be the reason a request fails
+            log.exception("accounting failed", extra={"fields": {"request_id": ctx.request_id}})
 
     def _session_records(self, tenant: str, session: str, route: str, model: str | None, e: dict[str, Any]) -> None:
         b, key = self._batch, session_record_key(tenant, session)
@@ -382,14 +393,3 @@ class _Batch:
     reads: list[tuple[str, list[str]]] = field(default_factory=list)
     dropped: int = 0
 
-
-def usage_from_events(conv: Conversation) -> list[tuple[str, Usage]]:
-    """The summarizer calls compactions made during this request (a retried pipeline run's included)."""
-    out = []
-    for e in [*conv.earlier_events, *conv.events]:
-        if isinstance(e, Compacted):
-            for u in e.summary_calls:
-                parsed = parse_usage(u)
-                if parsed:
-                    out.append(("summary", parsed))
-    return out

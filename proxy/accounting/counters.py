@@ -70,9 +70,10 @@ def derived(t: dict[str, Any]) -> dict[str, Any]:
 
 
 def add_counts(amounts: defaultdict[str, int | float], tenant: str, session: str | None, group: str, hour: int,
-               values: dict[str, int | float]) -> None:
+               values: dict[str, int | float], request: bool = True) -> None:
     """Fold one request's counter values into a batch: its route/model group (all-time and hourly) and,
-    when it has one, its session (the index counts it as a request)."""
+    when it has one, its session (the index counts it as a request, unless `request` is False: one of the
+    proxy's own calls, proxy/accounting/own_calls.py)."""
     for bucket in ("all", f"h{hour}"):
         for k, v in values.items():
             if v:
@@ -80,7 +81,8 @@ def add_counts(amounts: defaultdict[str, int | float], tenant: str, session: str
     if session is None:
         return
     sess = f"{tenant}:{session}"
-    amounts[f"{SESSIONS_PREFIX}{sess}"] += 1
+    if request:
+        amounts[f"{SESSIONS_PREFIX}{sess}"] += 1
     for k in SESSION_FIELDS:
         if values.get(k):
             amounts[f"{SESSION_STATS_PREFIX}{sess}|{k}"] += values[k]

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.accounting.accountant import Outcome, usage_from_events
+from proxy.accounting.accountant import Outcome
 from proxy.accounting.ledger import Ledger
 from proxy.accounting.report import event_fields
 from proxy.errors import ProxyError
@@ -71,7 +71,7 @@ async def _opened(st: ProxyState, run: RequestRun, conv: Conversation, ctx: Requ
     """The request as sent remembered for the session's next turn and its ledger opened: done while the provider
     answers (proxy/http/send.py), it adds nothing to the client's wait."""
     await st.memo.remember(ctx.tenant, ctx.session, conv)
-    return await st.accounting.open(ctx, conv, Outcome(overhead_s=run.t_sent - run.t0, own=usage_from_events(conv)))
+    return await st.accounting.open(ctx, conv, Outcome(overhead_s=run.t_sent - run.t0, own=list(ctx.own_calls.made)))
 
 
 def _streamed(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop: ReadLoop | None) -> Response:

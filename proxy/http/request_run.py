@@ -18,7 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy import loop_free
-from proxy.accounting.accountant import Outcome, usage_from_events
+from proxy.accounting.accountant import Outcome
+from proxy.accounting.own_calls import RequestOwnCalls
 from proxy.errors import ProxyError, UpstreamUnreachable
 from proxy.http.answers import Known, known
 from proxy.http.relay import error_response, read_body
@@ -79,7 +80,7 @@ class RequestRun:
         """The client's error; a request that reached the upstream step is accounted as one failed request."""
         fields: dict[str, object] = {}
         if self.ctx is not None and self.conv is not None and self.t_sent:
-            outcome = Outcome(overhead_s=self.t_sent - self.t0, own=usage_from_events(self.conv))
+            outcome = Outcome(overhead_s=self.t_sent - self.t0, own=list(self.ctx.own_calls.made))
             ledger = await st.accounting.open(self.ctx, self.conv, outcome)
             self.known.accounted = True
             if self.trace.on:
@@ -143,7 +144,8 @@ async def _context(st: ProxyState, request: Request, conv: Conversation, request
                           archive_quota=st.settings.store_quota_bytes,
                           window=min(window, learned or window), upstream=st.upstream,
                           upstream_headers=request_headers(request.headers.items(), route.upstream,
-                                                           identity_encoding=True), trace=trace)
+                                                           identity_encoding=True),
+                          own_calls=RequestOwnCalls(st.accounting.own_call), trace=trace)
 
 
 @dataclass

@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -29,6 +29,9 @@ from proxy.replay.threaded_server import ThreadedServer
 from proxy.replay.traces import Trace
 from proxy.tokens.counter import default_counter
 from proxy.wire.usage import parse_usage
+
+if TYPE_CHECKING:
+    from proxy.state import ProxyState
 
 SIMULATED_KEY = "sk-ctxproxy-simulated"  # the Authorization the replay sends to the simulator (no real key)
 CACHED_PRICE = 0.1  # a cached prompt token costs about a tenth of an uncached one
@@ -278,6 +281,7 @@ def through_proxy(traces: Sequence[Trace], window: int, *, upstream: str | None,
                             sessions.append(session)
                             credentials[session] = per_api[trace.api]
                         tick()
+                _summaries_written(proxy.app.state.proxy)  # the provider bills them, used or not
                 if not simulate:
                     _own_calls_from_timeline(client, sessions, ids, sides, credentials)
         except RuntimeError as e:  # a server that did not start
@@ -329,9 +333,20 @@ def _from_log(side: Side, records: Sequence[SimRecord]) -> None:
     side.own_cached = sum(r.cached_tokens for r in own if r.billed)
 
 
+def _summaries_written(state: ProxyState) -> None:
+    """Wait out the background summaries the last turns started (proxy/rewrite/compress/precompute.py): each is
+    in the provider's bill and the proxy's figures once answered, whether or not a turn used it."""
+    longest = state.summarizing()
+    deadline = time.monotonic() + longest
+    while longest and time.monotonic() < deadline:
+        time.sleep(0.01)
+        longest = state.summarizing()
+
+
 def _own_calls_from_timeline(client: httpx.Client, sessions: list[str], ids: list[str | None],
                              sides: list[Side], credentials: dict[str, dict[str, str]]) -> None:
-    """With a real upstream, the proxy's own calls come from its accounting (written in the background)."""
+    """With a real upstream, the proxy's own calls come from its accounting (written in the background): each is a
+    timeline entry of its own (proxy/accounting/own_calls.py), told to the turn that made it (`started_by`)."""
     wanted = {rid for rid in ids if rid}
     entries: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + 5
@@ -347,12 +362,15 @@ def _own_calls_from_timeline(client: httpx.Client, sessions: list[str], ids: lis
         if wanted <= entries.keys():
             break
         time.sleep(0.1)
+    own: dict[str, list[dict[str, Any]]] = {}
+    for e in entries.values():
+        if e.get("started_by"):
+            own.setdefault(e["started_by"], []).append(e)
     for rid, side in zip(ids, sides):
-        e = entries.get(rid or "")
-        if e:
-            side.own_calls = int(e.get("own_calls") or 0)
-            side.own_prompt = int(e.get("own_prompt") or 0)
-            side.own_cached = int(e.get("own_cached") or 0)
+        calls = own.get(rid or "", [])
+        side.own_calls = sum(int(e.get("own_calls") or 0) for e in calls)
+        side.own_prompt = sum(int(e.get("own_prompt") or 0) for e in calls)
+        side.own_cached = sum(int(e.get("own_cached") or 0) for e in calls)
 
 
 def client_tokens(trace: Trace, i: int) -> int:

@@ -39,16 +39,13 @@ class Compacted:
     layer: str
     before: int
     after: int
-    detail: dict[str, Any] = field(default_factory=dict)  # cleared, summarized, summary_calls, fallback, ...
+    # cleared, summarized, fallback, ...; summary_calls: the usage of the calls behind its summary, for the log line
+    # only (each call is in the figures once, from when it was answered: proxy/accounting/own_calls.py)
+    detail: dict[str, Any] = field(default_factory=dict)
 
     def as_record(self) -> dict[str, Any]:
         """As the figures, headers and timeline record it."""
         return {"layer": self.layer, "before": self.before, "after": self.after, **self.detail}
-
-    @property
-    def summary_calls(self) -> list[Any]:
-        calls: list[Any] = self.detail.get("summary_calls") or []
-        return calls
 
 
 @dataclass(frozen=True)

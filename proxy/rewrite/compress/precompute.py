@@ -112,7 +112,7 @@ class Precomputer:
         """The precomputed summary for this request; waits while a live holder is still writing it."""
         s = self.compress.settings
         key = _key(log, conv, view)
-        deadline = time.monotonic() + s.summary_timeout * 2 + 10
+        deadline = time.monotonic() + self.longest_s()
         record = await ctx.store.get_json(key)
         while isinstance(record, dict) and record.get("state") == "pending":
             token = await ctx.store.acquire_lock(key + ":lock", self.compress.lock_lease)
@@ -139,6 +139,14 @@ class Precomputer:
         if message is None:
             return None
         return Ready(upto, message, record.get("usage") or [])
+
+    def busy(self) -> bool:
+        """Whether a background summary is still being written (read from any thread: the set is copied)."""
+        return any(not t.done() for t in self._tasks.copy())
+
+    def longest_s(self) -> float:
+        """The longest a background summary takes: its calls (cached shape, then transcript), plus slack."""
+        return self.compress.settings.summary_timeout * 2 + 10
 
     def _remember(self, k: tuple[str, str], key: str) -> None:
         self._seen.put(k, key)

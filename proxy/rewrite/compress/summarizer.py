@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from proxy.tokens.counter import default_counter
 from proxy.upstream.client import Upstream, read_body, upstream_url
 from proxy.wire import jsonio
 from proxy.wire.codec import Codec, call_names
-from proxy.wire.usage import parse_usage
+from proxy.wire.usage import Usage, parse_usage
 
 SECTIONS = ("Goal and constraints", "Decisions and why", "Files and artifacts", "Verified state",
             "Open TODOs", "Approaches that failed", "Next step")
@@ -148,6 +148,8 @@ class SummarizerTarget:
     max_input_tokens: int
     max_output_tokens: int
     timeout: float
+    # each call's usage and status as its answer arrives, whatever is then made of it (proxy/accounting/own_calls.py)
+    billed: Callable[[Usage, int], None]
     trace: RequestTrace = NO_TRACE  # the request's spans: each summary call is one (proxy/telemetry/)
 
 
@@ -204,15 +206,12 @@ async def _send(target: SummarizerTarget, items: list[Message], tools: list[Any]
         if call is not None:
             call.failed(e)
         raise SummarizerError(f"summarizer request failed: {e}") from e
+    data = _billed_answer(target, content, resp.status_code)
     if resp.status_code == 400:  # e.g. over the window after all: the other shape may still go through
         raise SummarizerDeclined("summarizer request refused (HTTP 400)")
     if resp.status_code != 200:
         raise SummarizerError(f"summarizer returned HTTP {resp.status_code}")
-    try:
-        data = orjson.loads(content)
-        text = w.reply_text(data)
-    except orjson.JSONDecodeError:
-        raise SummarizerError("summarizer returned an unreadable response") from None
+    text = w.reply_text(data) if data is not None else None
     if text is None:
         raise SummarizerError("summarizer returned an unreadable response")
     if not text.strip():
@@ -220,6 +219,19 @@ async def _send(target: SummarizerTarget, items: list[Message], tools: list[Any]
     if call is not None:
         _billed(call, w.raw_usage(data))
     return text.strip(), w.raw_usage(data)
+
+
+def _billed_answer(target: SummarizerTarget, content: bytes, status: int) -> Any:
+    """The answer's JSON (None if unreadable); the call accounted at once, before anything can fail or be
+    cancelled: an answered call is in the figures whether or not its text is ever used, with what the
+    provider said it billed (no usage in the answer, e.g. an error's: a call of no tokens)."""
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        data = None
+    usage = parse_usage(target.wire.raw_usage(data)) if isinstance(data, dict) else None
+    target.billed(usage or Usage(prompt=0, completion=0, cached=None), status)
+    return data
 
 
 def _billed(call: UpstreamCall, raw: Any) -> None:

@@ -18,6 +18,7 @@ request in which the client has the provider compact its history (Codex's
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any, ClassVar
 
@@ -253,7 +254,7 @@ class Compress:
                                              "summary_calls": ready.usage, "precomputed": True}
             event("precomputed summary leaves no room; summarizing the current span", request_id=ctx.request_id,
                   session=ctx.session, tokens=sum(layer2.counts) + fixed, room=room)
-            # its call was made and billed all the same: this request accounts for it
+            # its call is in the figures already (accounted when it was answered); named here for the log line
             why = {"summary_calls": list(ready.usage)}
         if s.summary and not await ctx.store.get(log.breaker):
             try:
@@ -361,7 +362,8 @@ class Compress:
             budget = min(budget, int(ctx.window * _SUMMARIZER_WINDOW_SHARE) - answer_tokens)
         target = SummarizerTarget(wire, ctx.upstream, ctx.route.upstream, ctx.upstream_headers,
                                   s.summary_model or model or "gpt-4o-mini", max(budget, _MIN_TRANSCRIPT_TOKENS),
-                                  answer_tokens, s.summary_timeout, ctx.trace)
+                                  answer_tokens, s.summary_timeout, functools.partial(ctx.own_calls.billed, ctx,
+                                                                                      "summary"), ctx.trace)
         facts = s.facts if s.strategy == "facts" else ()
         answer, prefix = None, self._cached_prefix(conv, ctx, view, t)
         if prefix is not None:
