@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +33,10 @@ from proxy.config import build_settings
 from proxy.http.routing import tenant_id
 from proxy.store.sqlite import SqliteStore
 
+# A socket per worker (proxy/http/worker_sockets.py): the kernel hashes each connection to one, so 32 split
+# about evenly; fewer than 4 on a worker has a chance of 3 in a million (on one shared socket, whichever
+# worker is awake takes them: often all of them).
+SPLIT_CONNECTIONS, SPLIT_AT_LEAST = 32, 4
 MAX_CONNECTIONS = 64  # connections opened, and held open, until both workers have accepted one
 REDIS = "redis://127.0.0.1:6379/11"
 
@@ -58,6 +62,15 @@ class Workers:
                 chosen.setdefault(c.get("/healthz").json()["worker"], c)
             assert len(chosen) == 2, f"{len(opened)} connections all went to one worker"
             yield chosen
+        finally:
+            for c in opened:
+                c.close()
+
+    def split_of(self, n: int) -> dict[int, int]:
+        """How many of `n` connections, opened one after another and all held open, each worker accepted."""
+        opened = [httpx.Client(base_url=self.url, timeout=30) for _ in range(n)]
+        try:
+            return Counter(c.get("/healthz").json()["worker"] for c in opened)
         finally:
             for c in opened:
                 c.close()
@@ -102,6 +115,19 @@ def _wait_for_both(w: Workers) -> None:
     raise AssertionError(f"both workers did not start: {w.log.read_text()}")
 
 
+def _listening_sockets(pid: int, port: int) -> set[str]:
+    """The inodes of the sockets listening on `port` that process `pid` holds (/proc/net/tcp, /proc/<pid>/fd)."""
+    listening = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(name).read_text().splitlines()[1:]:
+            f = row.split()
+            if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == "0A":  # 0A: LISTEN
+                listening.add(f[9])
+    held = {os.readlink(fd).removeprefix("socket:[").rstrip("]") for fd in Path(f"/proc/{pid}/fd").iterdir()
+            if os.readlink(fd).startswith("socket:[")}
+    return listening & held
+
+
 def _log(w: Workers) -> list[dict]:
     return [json.loads(x) for x in w.log.read_text().splitlines() if x.startswith("{")]
 
@@ -137,6 +163,10 @@ def test_two_workers_send_the_same_bytes_and_report_the_same_figures(workers, up
     headers = {"authorization": f"Bearer {key}", "x-session-id": session}
     bodies: dict[int, list[tuple[int, bytes]]] = defaultdict(list)  # request of the session -> (worker, upstream body)
     sent = 0
+    split = workers.split_of(SPLIT_CONNECTIONS)
+    assert min(split.values()) >= SPLIT_AT_LEAST
+    listening = [_listening_sockets(pid, int(workers.url.rsplit(":", 1)[1])) for pid in split]
+    assert all(len(x) == 1 for x in listening) and listening[0] != listening[1]  # a socket each, not one shared
     with workers.a_connection_to_each() as each:
         for i, msgs in enumerate(crafted.requests()):
             for pid, c in each.items():  # the session's request i on one worker, then the same on the other

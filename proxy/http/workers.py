@@ -1,4 +1,4 @@
-"""`ctxproxy serve --workers N`: N uvicorn processes accepting on one socket, configured identically.
+"""`ctxproxy serve --workers N`: N uvicorn processes on one port, a socket each, configured identically.
 
 uvicorn starts each worker with `spawn` and pickles its Config to it. The
 parent's Settings (the config file read once, the environment and the CLI
@@ -24,10 +24,10 @@ from typing import Any
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
-from uvicorn.supervisors.multiprocess import Multiprocess
 
 from proxy.accounting.metrics import SHARED_DIR_ENV
 from proxy.config import Settings
+from proxy.http.worker_sockets import OneSocketEach, bind_sockets
 
 
 class WorkerConfig(uvicorn.Config):
@@ -56,16 +56,18 @@ class WorkerConfig(uvicorn.Config):
 
 
 def serve_workers(settings: Settings, options: dict[str, Any]) -> None:
-    """Bind once, run `settings.server.workers` workers until SIGTERM/SIGINT, then remove the metrics files."""
+    """Bind a socket per worker (proxy/http/worker_sockets.py), run `settings.server.workers` workers until
+    SIGTERM/SIGINT, then remove the metrics files."""
     config = WorkerConfig(settings, **options)
-    sock = config.bind_socket()
+    sockets = bind_sockets(config, settings.server.workers)
     metrics_dir = tempfile.mkdtemp(prefix="ctxproxy-metrics-")
     os.environ[SHARED_DIR_ENV] = metrics_dir  # before the first worker is spawned: they inherit it
-    supervisor = Multiprocess(config, sockets=[sock])
+    supervisor = OneSocketEach(config, sockets)
     try:
         supervisor.run()
     finally:
-        sock.close()
+        for sock in sockets:
+            sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
     if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
         # uvicorn stops the parent when a worker fails to start (its log says why); so does a single process
