@@ -28,6 +28,7 @@ import aiohttp
 import httpx
 from aiohttp.client_proto import ResponseHandler
 from httpx_aiohttp import AiohttpTransport
+from httpx_aiohttp.transport import AiohttpResponseStream, map_aiohttp_exceptions
 
 from proxy.config import UpstreamSettings
 from proxy.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
@@ -283,8 +284,21 @@ async def iter_raw(resp: httpx.Response, url: str) -> AsyncIterator[bytes]:
 async def read_body(resp: httpx.Response, url: str) -> bytes:
     """The whole (decoded) body, for responses the proxy must look into."""
     try:
-        return await resp.aread()
+        return await _read_whole(resp)
     except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
         raise _transport_error(e, url) from e
     finally:
         await resp.aclose()
+
+
+async def _read_whole(resp: httpx.Response) -> bytes:
+    """`resp.aread()`, read straight from aiohttp when the body is not content-coded: httpx's decoder and
+    chunker layers are a pass-through then, and cost more than the read itself for a small answer. The
+    bytes, `resp.content` and the errors (mapped to httpx's, as the transport maps them) are the same."""
+    stream = resp.stream
+    if not isinstance(stream, AiohttpResponseStream) or resp.headers.get("content-encoding", "identity") != "identity":
+        return await resp.aread()
+    with map_aiohttp_exceptions():
+        content = await stream._aiohttp_response.read()
+    resp._content = content  # what aread leaves: resp.content is the body
+    return content
