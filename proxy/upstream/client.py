@@ -33,6 +33,7 @@ from httpx_aiohttp.transport import AiohttpResponseStream, map_aiohttp_exception
 from proxy.config import UpstreamSettings
 from proxy.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
 from proxy.logs import event
+from proxy.upstream.direct import send_direct, wire_headers
 
 # Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus ones
 # the transport recomputes.
@@ -246,24 +247,31 @@ class Upstream:
         await self.fresh.aclose()
 
 
-_URLS: dict[str, httpx.URL] = {}  # upstream URL strings parsed once: a handful per route (paths, queries)
+_URLS: dict[str, tuple[httpx.URL, str]] = {}  # upstream URL strings parsed once: a handful per route (paths, queries)
 _URLS_KEPT = 1024
 
 
-def _url(url: str) -> httpx.URL:
+def _url(url: str) -> tuple[httpx.URL, str]:
+    """The URL parsed, and as httpx spells it (what the transport hands aiohttp)."""
     parsed = _URLS.get(url)
     if parsed is None:
         if len(_URLS) >= _URLS_KEPT:
             _URLS.clear()
-        parsed = _URLS[url] = httpx.URL(url)
+        where = httpx.URL(url)
+        parsed = _URLS[url] = (where, str(where))
     return parsed
 
 
-async def _send(transport: httpx.AsyncBaseTransport, method: str, url: str, headers: list[tuple[str, str]],
+async def _send(transport: AiohttpTransport, method: str, url: str, headers: list[tuple[str, str]],
                 content: bytes | None, timeout: httpx.Timeout) -> httpx.Response:
     """The request straight to the client's transport: nothing of Client.send is needed here (no auth, no
-    redirects followed, no cookies kept, no event hooks), and skipping it halves httpx's cost per request."""
-    request = httpx.Request(method, _url(url), headers=headers, content=content,
+    redirects followed, no cookies kept, no event hooks), and skipping it halves httpx's cost per request.
+    Straight to aiohttp, as the transport would send it, unless a header is not ASCII (proxy/upstream/direct.py)."""
+    where, text = _url(url)
+    wire = wire_headers(method, where, headers, content) if transport.proxy is None else None
+    if wire is not None:
+        return await send_direct(transport, method, where, text, wire, content, timeout)
+    request = httpx.Request(method, where, headers=headers, content=content,
                             extensions={"timeout": timeout.as_dict()})
     response = await transport.handle_async_request(request)
     response.request = request
