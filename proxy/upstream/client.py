@@ -223,8 +223,7 @@ class Upstream:
 
         A connection dropped before any response byte is retried once on a fresh one (module docstring).
         """
-        timeout = httpx.Timeout(connect=settings.connect_timeout, read=settings.read_timeout,
-                                write=_WRITE_TIMEOUT, pool=settings.connect_timeout)
+        timeout = _timeout(settings.connect_timeout, settings.read_timeout)
         attempt = _Attempt()
         token = _ATTEMPT.set(attempt)
         try:
@@ -245,6 +244,11 @@ class Upstream:
     async def aclose(self) -> None:
         await self.client.aclose()
         await self.fresh.aclose()
+
+
+@functools.lru_cache(maxsize=64)  # a route's two settings: one object per route, not one per request
+def _timeout(connect: float, read: float) -> httpx.Timeout:
+    return httpx.Timeout(connect=connect, read=read, write=_WRITE_TIMEOUT, pool=connect)
 
 
 _URLS: dict[str, tuple[httpx.URL, str]] = {}  # upstream URL strings parsed once: a handful per route (paths, queries)

@@ -13,6 +13,7 @@ The response is the httpx.Response the transport would return, read the same way
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import httpx
@@ -46,6 +47,11 @@ def wire_headers(method: str, url: httpx.URL, headers: Iterable[tuple[str, str]]
     return auto + list(merged.items())
 
 
+@functools.lru_cache(maxsize=64)  # ClientTimeout is frozen: one per route's settings, not one per request
+def _client_timeout(connect: float | None, read: float | None, pool: float | None) -> ClientTimeout:
+    return ClientTimeout(sock_connect=connect, sock_read=read, connect=pool)
+
+
 async def send_direct(transport: AiohttpTransport, method: str, url: httpx.URL, url_text: str,
                       headers: list[tuple[str, str]], content: bytes | None,
                       timeout: httpx.Timeout) -> httpx.Response:
@@ -57,7 +63,7 @@ async def send_direct(transport: AiohttpTransport, method: str, url: httpx.URL, 
         response = await transport.client.request(
             method=method.upper(), url=url_text, headers=headers, data=content or None, allow_redirects=False,
             auto_decompress=False, compress=False,
-            timeout=ClientTimeout(sock_connect=timeout.connect, sock_read=timeout.read, connect=timeout.pool),
+            timeout=_client_timeout(timeout.connect, timeout.read, timeout.pool),
             server_hostname=None, proxy=None, proxy_auth=None, proxy_headers=None,
         ).__aenter__()
     extensions = {"http_version": b"HTTP/1.1"}
