@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -33,6 +34,8 @@ from proxy.upstream.client import Upstream
 
 GC_YOUNG_THRESHOLD = 10_000  # allocations between two young-generation passes (CPython's default: 700)
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+_NO_FRAMEWORK_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False,
+                                             "operation_spans": False}
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -68,7 +71,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if tracing.on:  # the spans still queued are exported before the process goes
                 await asyncio.to_thread(tracing.shutdown)
 
-    app = FastAPI(title="ctxproxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # FastAPI's own OpenTelemetry spans and metrics off: the proxy traces its requests itself (proxy/telemetry/,
+    # off unless OTEL_* say), and a process with a global provider set would get a second SERVER span for every
+    # request. Off, FastAPI also stops asking the global providers whether they are set on every request.
+    app = FastAPI(title="ctxproxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  telemetry=_NO_FRAMEWORK_TELEMETRY)
 
     # The proxied paths are plain Starlette routes: they take the raw request, so FastAPI's per-request
     # dependency and validation machinery would be pure overhead on the hot path. They come first: the router

@@ -97,6 +97,7 @@ class Conversation:
     facts: MessageFacts = field(init=False, repr=False)
     _style: JsonStyle | None = field(default=None, init=False, repr=False)
     _tools: tuple[list[Any] | None] | None = field(default=None, init=False, repr=False)  # (tools,) once read
+    _prefix_tokens: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.facts = MessageFacts(self.client_messages, self._model)
@@ -130,8 +131,12 @@ class Conversation:
         return {"role": "system", "content": fields} if fields else None
 
     def prefix_tokens(self) -> int:
-        """Tokens of that top-level prompt (0 where the API has none)."""
-        return self.facts.count(self.prefix) if self.prefix is not None else 0
+        """Tokens of that top-level prompt (0 where the API has none); counted once per request, as the prefix
+        is read once (every count of the prompt's head asks for it: several times per request)."""
+        if self._prefix_tokens is None:
+            prefix = self.prefix
+            self._prefix_tokens = self.facts.count(prefix) if prefix is not None else 0
+        return self._prefix_tokens
 
     def head_tokens(self) -> int:
         """Tokens of what comes before the items in the prompt: the tool definitions as sent, the system prompt."""

@@ -33,7 +33,8 @@ async def read_body(request: Request, server: ServerSettings, *, decode: bool = 
     past the limit, never inflated whole. `decode=False`: the bytes as sent
     (a passthrough forwards them with their Content-Encoding).
     """
-    decoder = decoder_for(", ".join(request.headers.getlist("content-encoding"))) if decode else IDENTITY
+    coding = ", ".join(request.headers.getlist("content-encoding")) if decode else ""
+    decoder = decoder_for(coding) if coding else IDENTITY  # no header (the usual case): nothing to look up
     try:
         async with asyncio.timeout(server.body_timeout):
             return await _read_body(request, server.max_body_bytes, decoder)

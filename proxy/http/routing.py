@@ -8,6 +8,7 @@ unchanged: tenant, route, system message(s) and the first user message.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from collections.abc import Mapping
@@ -104,6 +105,11 @@ def tenant_id(api_key: str | None, salt: str) -> str:
     """A keyed hash of the key: stable across replicas sharing the salt, useless to an attacker."""
     if not api_key:
         return _ANONYMOUS
+    return _keyed(api_key, salt)
+
+
+@functools.lru_cache(maxsize=1024)  # a client sends the same key on every turn: the HMAC once per key
+def _keyed(api_key: str, salt: str) -> str:
     return hmac.new(salt.encode(), api_key.encode(), hashlib.sha256).hexdigest()[:24]
 
 

@@ -94,7 +94,7 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, sen
     sent = sum(conv.counts(conv.messages)) + conv.fixed_tokens() + reserve
     limit = overflow_limit(content, sent, reserve)
     if limit is None or limit >= ctx.window:
-        return httpx.Response(resp.status_code, headers=resp.headers, content=content, request=resp.request), conv, ctx
+        return httpx.Response(resp.status_code, headers=resp.headers, content=content), conv, ctx
     await st.windows.learn(ctx.tenant, ctx.route.name, ctx.model or "", limit)
     run.headers["x-ctxproxy-window-learned"] = str(limit)
     event("learned context window from provider", request_id=ctx.request_id, route=ctx.route.name,

@@ -133,10 +133,12 @@ class Offload:
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         s = self.settings
+        found = await self._candidates(conv)
+        if not found:  # no text big enough: nothing to decide, replay or store (most requests of most sessions)
+            return conv
         read_name = read_tool_name(conv)
         archive = Archive(ctx.store, ctx.tenant, s.retention_days, ctx.archive_quota)
         records = Decisions(ctx.store, ctx.tenant, ctx.route.name, s.retention_days)
-        found = await self._candidates(conv)
         decisions = await self._decisions(records, ctx.tenant, found, ctx.window)
         messages = list(conv.messages)
         events = []

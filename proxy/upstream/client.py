@@ -28,10 +28,12 @@ import aiohttp
 import httpx
 from aiohttp.client_proto import ResponseHandler
 from httpx_aiohttp import AiohttpTransport
+from httpx_aiohttp.transport import AiohttpResponseStream, map_aiohttp_exceptions
 
 from proxy.config import UpstreamSettings
 from proxy.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
 from proxy.logs import event
+from proxy.upstream.direct import send_direct, wire_headers
 
 # Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus ones
 # the transport recomputes.
@@ -221,8 +223,7 @@ class Upstream:
 
         A connection dropped before any response byte is retried once on a fresh one (module docstring).
         """
-        timeout = httpx.Timeout(connect=settings.connect_timeout, read=settings.read_timeout,
-                                write=_WRITE_TIMEOUT, pool=settings.connect_timeout)
+        timeout = _timeout(settings.connect_timeout, settings.read_timeout)
         attempt = _Attempt()
         token = _ATTEMPT.set(attempt)
         try:
@@ -245,24 +246,36 @@ class Upstream:
         await self.fresh.aclose()
 
 
-_URLS: dict[str, httpx.URL] = {}  # upstream URL strings parsed once: a handful per route (paths, queries)
+@functools.lru_cache(maxsize=64)  # a route's two settings: one object per route, not one per request
+def _timeout(connect: float, read: float) -> httpx.Timeout:
+    return httpx.Timeout(connect=connect, read=read, write=_WRITE_TIMEOUT, pool=connect)
+
+
+_URLS: dict[str, tuple[httpx.URL, str]] = {}  # upstream URL strings parsed once: a handful per route (paths, queries)
 _URLS_KEPT = 1024
 
 
-def _url(url: str) -> httpx.URL:
+def _url(url: str) -> tuple[httpx.URL, str]:
+    """The URL parsed, and as httpx spells it (what the transport hands aiohttp)."""
     parsed = _URLS.get(url)
     if parsed is None:
         if len(_URLS) >= _URLS_KEPT:
             _URLS.clear()
-        parsed = _URLS[url] = httpx.URL(url)
+        where = httpx.URL(url)
+        parsed = _URLS[url] = (where, str(where))
     return parsed
 
 
-async def _send(transport: httpx.AsyncBaseTransport, method: str, url: str, headers: list[tuple[str, str]],
+async def _send(transport: AiohttpTransport, method: str, url: str, headers: list[tuple[str, str]],
                 content: bytes | None, timeout: httpx.Timeout) -> httpx.Response:
     """The request straight to the client's transport: nothing of Client.send is needed here (no auth, no
-    redirects followed, no cookies kept, no event hooks), and skipping it halves httpx's cost per request."""
-    request = httpx.Request(method, _url(url), headers=headers, content=content,
+    redirects followed, no cookies kept, no event hooks), and skipping it halves httpx's cost per request.
+    Straight to aiohttp, as the transport would send it, unless a header is not ASCII (proxy/upstream/direct.py)."""
+    where, text = _url(url)
+    wire = wire_headers(method, where, headers, content) if transport.proxy is None else None
+    if wire is not None:
+        return await send_direct(transport, method, where, text, wire, content, timeout)
+    request = httpx.Request(method, where, headers=headers, content=content,
                             extensions={"timeout": timeout.as_dict()})
     response = await transport.handle_async_request(request)
     response.request = request
@@ -283,8 +296,21 @@ async def iter_raw(resp: httpx.Response, url: str) -> AsyncIterator[bytes]:
 async def read_body(resp: httpx.Response, url: str) -> bytes:
     """The whole (decoded) body, for responses the proxy must look into."""
     try:
-        return await resp.aread()
+        return await _read_whole(resp)
     except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
         raise _transport_error(e, url) from e
     finally:
         await resp.aclose()
+
+
+async def _read_whole(resp: httpx.Response) -> bytes:
+    """`resp.aread()`, read straight from aiohttp when the body is not content-coded: httpx's decoder and
+    chunker layers are a pass-through then, and cost more than the read itself for a small answer. The
+    bytes, `resp.content` and the errors (mapped to httpx's, as the transport maps them) are the same."""
+    stream = resp.stream
+    if not isinstance(stream, AiohttpResponseStream) or resp.headers.get("content-encoding", "identity") != "identity":
+        return await resp.aread()
+    with map_aiohttp_exceptions():
+        content = await stream._aiohttp_response.read()
+    resp._content = content  # what aread leaves: resp.content is the body
+    return content

@@ -24,13 +24,19 @@ def load_object(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    check_depth(body)
+    check_depth(body, raw)
     return body
 
 
-def check_depth(body: Any) -> None:
+def check_depth(body: Any, raw: bytes | None = None) -> None:
     """A 400 for a body nested deeper than MAX_DEPTH, before anything writes it (a digest, a dump): orjson
-    cannot write such values back safely (proxy/wire/jsonio.py SAFE_DEPTH)."""
+    cannot write such values back safely (proxy/wire/jsonio.py SAFE_DEPTH).
+
+    `raw`: the JSON it was parsed from. Each level of nesting opens with a `{` or a `[`, so a document with
+    no more of them than MAX_DEPTH (counted in C, strings included) cannot be deeper: a small body is not
+    walked."""
+    if raw is not None and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH:
+        return
     if jsonio.deeper_than(body, MAX_DEPTH):
         raise BadRequest(f"request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json")
 

@@ -26,7 +26,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         body: dict[str, Any] = jsonio.loads(raw)  # orjson; integers beyond 64 bits kept exact
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
-    check_depth(body)
+    check_depth(body, raw)
     try:
         check_chat_body(body, messages_too=False)
         check_writable({k: v for k, v in body.items() if k != "messages"})
