@@ -244,3 +244,23 @@ def test_a_bad_worker_count_is_refused_in_one_line(value, says):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("ctxproxy: invalid configuration:") and "server.workers" in line and says in line
+
+
+@pytest.mark.parametrize("workers", ["sqlite"], indirect=True)
+def test_a_worker_that_dies_is_replaced_on_its_own_socket(workers):
+    port = int(workers.url.rsplit(":", 1)[1])
+    before = {pid: _listening_sockets(pid, port) for pid in workers.split_of(SPLIT_CONNECTIONS)}
+    dead, alive = sorted(before)
+    os.kill(dead, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # uvicorn's supervisor checks its workers every 0.5 s
+        now = set(workers.split_of(SPLIT_CONNECTIONS))
+        if dead not in now and len(now) == 2:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"no worker replaced {dead}: {workers.log.read_text()[-2000:]}")
+    (new,) = now - {alive}
+    assert _listening_sockets(new, port) == before[dead]  # the dead worker's socket, kept open by the parent
+    assert _listening_sockets(alive, port) == before[alive]
+    assert workers.stop() == 0
