@@ -361,8 +361,7 @@ class Accountant:
 
         async def write() -> None:
             try:
-                for key, value in traces.items():
-                    await self.store.put_json(key, value, ttl=RETENTION)
+                await self.store.write_batch(Writes(ttl=RETENTION, records=traces))
             except StoreError:
                 pass  # the request's batch, written next, fails alike and is logged once for all its requests
 

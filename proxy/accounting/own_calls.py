@@ -48,8 +48,7 @@ def own_call_entry(ctx: RequestContext, kind: str, usage: Usage, status: int) ->
             "started_by": ctx.request_id, "route": ctx.route.name, "model": ctx.model, "status": status,
             "error": None if status < 400 else f"http_{status}", "accepted": status < 300,
             "prompt": usage.prompt, "cached": usage.cached, "completion": usage.completion, "cacheable": None,
-            "offloaded": 0, "offloaded_new": 0, "compactions": 0,
-            "own_calls": 1, "own_prompt": usage.prompt, "own_cached": usage.cached or 0}
+            "offloaded": 0, "offloaded_new": 0, "compactions": 0, **own_call_counts(usage)}
 
 
 def own_call_counts(usage: Usage) -> dict[str, int | float]:
