@@ -69,3 +69,15 @@ def test_the_floor_targets_are_read_off_one_runs_medians_and_throughput() -> Non
     assert rows["small_messages"]["met"] is False  # 1.6 > 1.5
     assert (rows["long"]["value"], rows["long"]["met"]) == (2.0, True)
     assert rows["c16_rps"]["value"] == 299.0 / 400.0 and rows["c16_rps"]["met"] is False
+
+
+def test_a_scenario_with_degraded_requests_meets_no_target() -> None:
+    """A request forwarded unmodified skipped the proxy's work: its speed says nothing of the proxy."""
+    from bench.overhead.targets import floor_targets
+
+    res = {"scenarios": {"small": {"direct": {"median": 1.0}, "floor": {"median": 2.0}, "proxy": {"median": 2.2}},
+                         "c16_rps": {"direct": {"rps": 900.0}, "floor": {"rps": 400.0}, "proxy": {"rps": 390.0}}},
+           "proxy_log": {"small": {"degraded": 0}, "c16": {"degraded": 3}}}
+    rows = {r["scenario"]: r for r in floor_targets(res)}
+    assert rows["small"]["met"] is True
+    assert (rows["c16_rps"]["met"], rows["c16_rps"]["degraded"]) == (False, 3)

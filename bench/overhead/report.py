@@ -120,6 +120,8 @@ def _print_proxy_log(res: dict[str, Any]) -> None:
                 continue
             parts = [f"{f} {e[f]['median']:.3f} / {e[f]['p99']:.3f}"
                      for f in ("overhead_ms", "upstream_headers_ms", "ttfb_ms", "total_ms") if f in e]
+            if e.get("degraded"):
+                parts.append(f"DEGRADED (forwarded unmodified) {e['degraded']}")
             print(f"  {key:<15} ({e['matched']}/{e['of']} matched): " + "; ".join(parts))
         if bd.get("non_request_warnings_or_unparsed_lines"):
             print(f"  note: {bd['non_request_warnings_or_unparsed_lines']} warning/unparsed lines in "

@@ -25,6 +25,7 @@ THROUGHPUT_TARGET = 0.75  # ctxproxy's requests/s at CONCURRENCY clients, at lea
 def floor_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per target that ran: the figure, the bound, and whether it is met (empty without the floor)."""
     sc = res["scenarios"]
+    logged = res.get("proxy_log") or {}
     rows: list[dict[str, Any]] = []
     for key, label, bound in ADDED_TARGETS:
         s = sc.get(key) or {}
@@ -35,13 +36,17 @@ def floor_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         ratio = pa / fa if fa > 0 else float("nan")
         rows.append({"scenario": key, "label": label, "figure": "ctxproxy-added / floor-added, median",
                      "floor_added_ms": fa, "proxy_added_ms": pa, "value": ratio, "bound": bound,
+                     "degraded": (logged.get(key) or {}).get("degraded", 0),
                      "met": fa > 0 and ratio <= bound})
     rps = sc.get("c16_rps") or {}
     if FLOOR in rps:
         ratio = rps["proxy"]["rps"] / rps[FLOOR]["rps"]
         rows.append({"scenario": "c16_rps", "label": f"{CONCURRENCY} clients, requests/s",
                      "figure": "ctxproxy / floor", "floor_rps": rps[FLOOR]["rps"], "proxy_rps": rps["proxy"]["rps"],
-                     "value": ratio, "bound": THROUGHPUT_TARGET, "met": ratio >= THROUGHPUT_TARGET})
+                     "value": ratio, "bound": THROUGHPUT_TARGET, "met": ratio >= THROUGHPUT_TARGET,
+                     "degraded": (logged.get("c16") or {}).get("degraded", 0)})
+    for row in rows:  # a proxy that forwarded requests unmodified did less than its work: no verdict of it
+        row["met"] = row["met"] and not row["degraded"]
     return rows
 
 
@@ -62,4 +67,6 @@ def print_targets(rows: list[dict[str, Any]]) -> None:
             floor, proxy = f"+{r['floor_added_ms']:.3f} ms", f"+{r['proxy_added_ms']:.3f} ms"
             bound = f"<= {r['bound']:.1f}"
         verdict = "met" if r["met"] else "NOT MET"
+        if r.get("degraded"):
+            verdict += f" ({r['degraded']} requests degraded)"
         print(f"{r['label']:<30}{floor:>12}{proxy:>12}{r['value']:>8.2f}{bound:>9}   {verdict}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from . import sqlite_sets as sets
 from .base import (
     MAX_EVICTIONS_PER_PUT,
     SharedOpsMixin,
@@ -294,33 +296,41 @@ class SqliteStore(SharedOpsMixin):
 
         def append(conn: sqlite3.Connection, p: Params) -> None:
             self._maybe_purge(conn, p["now"])
+            now = p["now"]
             with _transaction(conn, "BEGIN IMMEDIATE"):  # one transaction for the whole batch
-                _append_logs(conn, entries, max_len, ttl, p["now"])
+                sets.append_logs(conn, entries, max_len, ttl, now,
+                                 functools.partial(_append_logs, conn, max_len=max_len, ttl=ttl, now=now))
 
         if entries:
             await self._run("append_logs", append)
 
     async def write_batch(self, writes: Writes) -> None:
-        """One thread hop and one transaction for the accounting's whole batch, not one per call it stands for."""
+        """One thread hop and one transaction for the accounting's whole batch, in a few set-based statements
+        (proxy/store/sqlite_sets.py: a statement per row starved for the GIL under load)."""
         ttl = check_ttl(writes.ttl)
         for amount in writes.amounts.values():
             check_amount(amount)
         logs = [(entries, check_max_len(max_len)) for entries, max_len in writes.logs if entries]
-        records = [{"key": k, "value": orjson.dumps(v), "ttl": ttl} for k, v in writes.records.items()]
-        absent = [{"key": k, "value": orjson.dumps(v), "ttl": ttl} for k, v in writes.records_if_absent.items()]
+        records = {k: orjson.dumps(v) for k, v in writes.records.items()}
+        absent = {k: orjson.dumps(v) for k, v in writes.records_if_absent.items()}
 
         def write(conn: sqlite3.Connection, p: Params) -> None:
             now = p["now"]
             self._maybe_purge(conn, now)
+
+            def put(sql: str) -> Callable[[str, bytes], None]:
+                def one(key: str, value: bytes) -> None:
+                    conn.execute(sql, {"key": key, "value": value, "ttl": ttl, "now": now})
+                return one
+
             with _transaction(conn, "BEGIN IMMEDIATE"):
                 if writes.amounts:
-                    conn.executemany(_INCR, list(writes.amounts.items()))
-                for q in records:
-                    conn.execute(_UPSERT_BLOB, {**q, "now": now})
-                for q in absent:
-                    conn.execute(_UPSERT_BLOB_IF_ABSENT, {**q, "now": now})
+                    sets.add_counters(conn, writes.amounts, _INCR)
+                sets.put_blobs(conn, records, ttl, now, False, put(_UPSERT_BLOB))
+                sets.put_blobs(conn, absent, ttl, now, True, put(_UPSERT_BLOB_IF_ABSENT))
                 for entries, max_len in logs:
-                    _append_logs(conn, entries, max_len, ttl, now)
+                    sets.append_logs(conn, entries, max_len, ttl, now,
+                                     functools.partial(_append_logs, conn, max_len=max_len, ttl=ttl, now=now))
 
         if writes.amounts or records or absent or logs:
             await self._run("write_batch", write)
