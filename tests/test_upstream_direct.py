@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import httpx
 import pytest
 from httpx_aiohttp import AiohttpTransport
+from httpx_aiohttp.transport import map_aiohttp_exceptions
 
-from proxy.upstream.direct import send_direct, wire_headers
+from proxy.upstream.direct import raise_httpx_error, send_direct, wire_headers
 
 CASES: list[tuple[str, str, list[tuple[str, str]], bytes | None]] = [
     ("POST", "http://127.0.0.1:9/v1/chat/completions",
@@ -84,3 +86,27 @@ async def test_the_same_bytes_reach_the_provider() -> None:
     port_free = [line for line in old.split(b"\r\n") if not line.lower().startswith(b"host:")]
     assert port_free == [line for line in new.split(b"\r\n") if not line.lower().startswith(b"host:")]
     assert old.lower().count(b"\r\nhost: 127.0.0.1:") == new.lower().count(b"\r\nhost: 127.0.0.1:") == 1
+
+
+@pytest.mark.parametrize("exc", [
+    aiohttp.ServerDisconnectedError(), aiohttp.ClientConnectionResetError("reset"),
+    aiohttp.ClientPayloadError("cut"), aiohttp.ServerTimeoutError("slow"), asyncio.TimeoutError(),
+    aiohttp.ClientOSError(104, "reset by peer"), aiohttp.InvalidURL("x"), ValueError("not aiohttp's"),
+])
+def test_errors_are_mapped_as_the_transport_maps_them(exc: Exception) -> None:
+    """raise_httpx_error stands for httpx_aiohttp's map_aiohttp_exceptions: the same type, message and cause."""
+    def through(raiser: object) -> BaseException:
+        try:
+            try:
+                raise exc
+            except Exception as e:
+                if raiser is None:
+                    with map_aiohttp_exceptions():
+                        raise
+                raise_httpx_error(e)
+        except BaseException as got:  # noqa: BLE001 - what each raised is compared
+            return got
+        raise AssertionError("nothing raised")
+
+    theirs, ours = through(None), through(raise_httpx_error)
+    assert (type(ours), str(ours), ours.__cause__) == (type(theirs), str(theirs), theirs.__cause__)

@@ -28,12 +28,12 @@ import aiohttp
 import httpx
 from aiohttp.client_proto import ResponseHandler
 from httpx_aiohttp import AiohttpTransport
-from httpx_aiohttp.transport import AiohttpResponseStream, map_aiohttp_exceptions
+from httpx_aiohttp.transport import AiohttpResponseStream
 
 from proxy.config import UpstreamSettings
 from proxy.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
 from proxy.logs import event
-from proxy.upstream.direct import send_direct, wire_headers
+from proxy.upstream.direct import raise_httpx_error, send_direct, wire_headers
 
 # Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus ones
 # the transport recomputes.
@@ -300,7 +300,7 @@ async def read_body(resp: httpx.Response, url: str) -> bytes:
     except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
         raise _transport_error(e, url) from e
     finally:
-        await resp.aclose()
+        await _close(resp)
 
 
 async def _read_whole(resp: httpx.Response) -> bytes:
@@ -310,7 +310,25 @@ async def _read_whole(resp: httpx.Response) -> bytes:
     stream = resp.stream
     if not isinstance(stream, AiohttpResponseStream) or resp.headers.get("content-encoding", "identity") != "identity":
         return await resp.aread()
-    with map_aiohttp_exceptions():
+    try:
         content = await stream._aiohttp_response.read()
+    except Exception as exc:
+        raise_httpx_error(exc)
     resp._content = content  # what aread leaves: resp.content is the body
     return content
+
+
+async def _close(resp: httpx.Response) -> None:
+    """`resp.aclose()`: for aiohttp's stream, what it does (closed once, the connection released, errors mapped)
+    without its two context managers (httpx's request context, the transport's mapping)."""
+    stream = resp.stream
+    if not isinstance(stream, AiohttpResponseStream):
+        await resp.aclose()
+        return
+    if resp.is_closed:
+        return
+    resp.is_closed = True
+    try:
+        await stream._aiohttp_response.__aexit__(None, None, None)
+    except Exception as exc:
+        raise_httpx_error(exc)
