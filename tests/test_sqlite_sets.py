@@ -52,7 +52,7 @@ def _apply(conn: sqlite3.Connection, rng: random.Random, now: float) -> None:
         conn.execute(sql, {"key": key, "value": value, "ttl": ttl, "now": now})
 
     def rows(listed: list[tuple[str, bytes]]) -> None:
-        sqlite_store._append_logs(conn, listed, max_len, ttl, now)
+        sqlite_sets.append_rows(conn, listed, max_len, ttl, now)
 
     conn.execute("BEGIN IMMEDIATE")
     sqlite_sets.add_counters(conn, amounts, sqlite_store._INCR)

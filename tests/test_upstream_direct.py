@@ -90,7 +90,7 @@ async def test_the_same_bytes_reach_the_provider() -> None:
 
 @pytest.mark.parametrize("exc", [
     aiohttp.ServerDisconnectedError(), aiohttp.ClientConnectionResetError("reset"),
-    aiohttp.ClientPayloadError("cut"), aiohttp.ServerTimeoutError("slow"), asyncio.TimeoutError(),
+    aiohttp.ClientPayloadError("cut"), aiohttp.ServerTimeoutError("slow"), TimeoutError(),
     aiohttp.ClientOSError(104, "reset by peer"), aiohttp.InvalidURL("x"), ValueError("not aiohttp's"),
 ])
 def test_errors_are_mapped_as_the_transport_maps_them(exc: Exception) -> None:

@@ -299,7 +299,7 @@ class SqliteStore(SharedOpsMixin):
             now = p["now"]
             with _transaction(conn, "BEGIN IMMEDIATE"):  # one transaction for the whole batch
                 sets.append_logs(conn, entries, max_len, ttl, now,
-                                 functools.partial(_append_logs, conn, max_len=max_len, ttl=ttl, now=now))
+                                 functools.partial(sets.append_rows, conn, max_len=max_len, ttl=ttl, now=now))
 
         if entries:
             await self._run("append_logs", append)
@@ -330,7 +330,7 @@ class SqliteStore(SharedOpsMixin):
                 sets.put_blobs(conn, absent, ttl, now, True, put(_UPSERT_BLOB_IF_ABSENT))
                 for entries, max_len in logs:
                     sets.append_logs(conn, entries, max_len, ttl, now,
-                                     functools.partial(_append_logs, conn, max_len=max_len, ttl=ttl, now=now))
+                                     functools.partial(sets.append_rows, conn, max_len=max_len, ttl=ttl, now=now))
 
         if writes.amounts or records or absent or logs:
             await self._run("write_batch", write)
@@ -338,7 +338,7 @@ class SqliteStore(SharedOpsMixin):
     async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
         def read(conn: sqlite3.Connection, p: Params) -> list[bytes]:
             with _transaction(conn, "BEGIN"):  # count and slice from one snapshot
-                if _live_log_meta(conn, p, clear_expired=False) is None:
+                if sets.live_log_meta(conn, p, clear_expired=False) is None:
                     return []
                 (n,) = conn.execute("SELECT COUNT(*) FROM log_items WHERE key = :key", p).fetchone()
                 lo, hi = _lrange_bounds(n, start, end)
@@ -396,24 +396,6 @@ class SqliteStore(SharedOpsMixin):
             self._executor.shutdown(wait=False)
 
 
-def _append_logs(conn: sqlite3.Connection, entries: list[tuple[str, bytes]], max_len: int | None, ttl: float | None,
-                 now: float) -> None:
-    """The appends of append_logs, inside the caller's transaction."""
-    for key, value in entries:
-        q = {"key": key, "now": now}
-        seq, expires_at = _live_log_meta(conn, q) or (0, None)
-        if ttl is not None:
-            expires_at = now + ttl
-        conn.execute(
-            "INSERT INTO log_meta (key, next_seq, expires_at) VALUES (?, ?, ?) ON CONFLICT (key)"
-            " DO UPDATE SET next_seq = excluded.next_seq, expires_at = excluded.expires_at",
-            (key, seq + 1, expires_at),
-        )
-        conn.execute("INSERT INTO log_items (key, seq, value) VALUES (?, ?, ?)", (key, seq, bytes(value)))
-        if max_len is not None:
-            conn.execute("DELETE FROM log_items WHERE key = ? AND seq <= ?", (key, seq - max_len))
-
-
 @contextmanager
 def _transaction(conn: sqlite3.Connection, begin: str) -> Iterator[None]:
     conn.execute(begin)
@@ -423,18 +405,6 @@ def _transaction(conn: sqlite3.Connection, begin: str) -> Iterator[None]:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
-
-
-def _live_log_meta(conn: sqlite3.Connection, p: Params, clear_expired: bool = True) -> tuple[int, float | None] | None:
-    """``(next_seq, expires_at)`` of a live log; an expired one is dropped when ``clear_expired``."""
-    row: tuple[int, float | None] | None = conn.execute(
-        "SELECT next_seq, expires_at FROM log_meta WHERE key = :key", p).fetchone()
-    if row is None or row[1] is None or row[1] > p["now"]:
-        return row
-    if clear_expired:
-        conn.execute("DELETE FROM log_items WHERE key = :key", p)
-        conn.execute("DELETE FROM log_meta WHERE key = :key", p)
-    return None
 
 
 def _is_busy(exc: BaseException) -> bool:

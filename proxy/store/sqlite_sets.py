@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import orjson
 
@@ -56,9 +57,6 @@ _TRIM = (
     "DELETE FROM log_items WHERE (key, seq) IN (SELECT li.key, li.seq FROM json_each(:keys) j"
     " JOIN log_meta m ON m.key = j.value JOIN log_items li ON li.key = m.key AND li.seq <= m.next_seq - 1 - :max_len)"
 )
-
-RowWise = Callable[[sqlite3.Connection], None]
-
 
 def _as_text(value: bytes) -> str | None:
     """`value` as a string JSON carries byte for byte, or None."""
@@ -133,3 +131,34 @@ def append_logs(conn: sqlite3.Connection, entries: Iterable[tuple[str, bytes]], 
     conn.execute(_ADVANCE_META, {"counts": counted, "ttl": ttl, "now": now})
     if max_len is not None:
         conn.execute(_TRIM, {"keys": keys, "max_len": max_len})
+
+
+def append_rows(conn: sqlite3.Connection, entries: list[tuple[str, bytes]], max_len: int | None, ttl: float | None,
+                 now: float) -> None:
+    """The appends one statement at a time (what JSON cannot carry), inside the caller's transaction."""
+    for key, value in entries:
+        q = {"key": key, "now": now}
+        seq, expires_at = live_log_meta(conn, q) or (0, None)
+        if ttl is not None:
+            expires_at = now + ttl
+        conn.execute(
+            "INSERT INTO log_meta (key, next_seq, expires_at) VALUES (?, ?, ?) ON CONFLICT (key)"
+            " DO UPDATE SET next_seq = excluded.next_seq, expires_at = excluded.expires_at",
+            (key, seq + 1, expires_at),
+        )
+        conn.execute("INSERT INTO log_items (key, seq, value) VALUES (?, ?, ?)", (key, seq, bytes(value)))
+        if max_len is not None:
+            conn.execute("DELETE FROM log_items WHERE key = ? AND seq <= ?", (key, seq - max_len))
+
+
+def live_log_meta(conn: sqlite3.Connection, p: dict[str, Any],
+                  clear_expired: bool = True) -> tuple[int, float | None] | None:
+    """``(next_seq, expires_at)`` of a live log; an expired one is dropped when ``clear_expired``."""
+    row: tuple[int, float | None] | None = conn.execute(
+        "SELECT next_seq, expires_at FROM log_meta WHERE key = :key", p).fetchone()
+    if row is None or row[1] is None or row[1] > p["now"]:
+        return row
+    if clear_expired:
+        conn.execute("DELETE FROM log_items WHERE key = :key", p)
+        conn.execute("DELETE FROM log_meta WHERE key = :key", p)
+    return None
