@@ -53,6 +53,8 @@ async def post_small(session: Any, url: str, body: bytes, run: Run) -> None:
                 run.error(f"HTTP {r.status}")
             elif b'"chat.completion"' not in data:
                 run.error("malformed body")
+            elif "x-ctxproxy-degraded" in r.headers:  # forwarded unmodified: the proxy skipped its work
+                run.error(f"degraded ({r.headers['x-ctxproxy-degraded']})")
             else:
                 run.ok((t1 - t0) / 1e6)
                 return
