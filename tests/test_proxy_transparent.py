@@ -156,3 +156,15 @@ def test_provider_cookies_never_ride_along_on_later_requests(proxy, upstream):
                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     proxy.get("/v1/models", headers={"authorization": "Bearer sk-tenant-b"})
     assert all("cookie" not in r.headers for r in upstream.requests[1:])
+
+
+def test_provider_headers_reach_the_client_byte_for_byte(proxy, upstream):
+    """Passed on as the provider sent them: a UTF-8 value is not decoded and encoded again as Latin-1."""
+    utf8 = "caf\u00e9 \u2713".encode()  # what the provider puts on the wire
+    body = {"error": {"message": "slow down", "type": "requests", "param": None, "code": "rate_limit_exceeded"}}
+    for path in ("/v1/chat/completions", "/v1/models"):
+        upstream.fail_next(429, body, headers={"x-note": utf8.decode("latin-1")})  # the mock's server: Latin-1
+        r = proxy.request("POST" if "chat" in path else "GET", path, headers={"authorization": f"Bearer {KEY}"},
+                          json={"model": "m", "messages": []} if "chat" in path else None)
+        assert r.status_code == 429
+        assert [v for k, v in r.headers.raw if k.lower() == b"x-note"] == [utf8], path

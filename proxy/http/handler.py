@@ -95,8 +95,7 @@ def _streamed(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop: Re
         finally:
             run.finish(ledger.close(end.status, end.error), status=end.status, error=end.error, bytes_out=size)
 
-    headers = response_headers(resp.headers, decoded=True) + list(run.headers.items())
-    return relay_stream(relay(), resp.status_code, headers)
+    return relay_stream(relay(), resp.status_code, response_headers(resp.headers, decoded=True), run.headers)
 
 
 async def _whole(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop: ReadLoop | None) -> Response:
@@ -123,5 +122,4 @@ async def _whole(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop:
         finally:
             run.finish(ledger.close(status), status=status, bytes_out=len(content))
 
-    return relay_response(content, status, response_headers(resp.headers, decoded=True) + list(run.headers.items()),
-                          then=account)
+    return relay_response(content, status, response_headers(resp.headers, decoded=True), run.headers, then=account)

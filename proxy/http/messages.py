@@ -82,5 +82,4 @@ async def _count_tokens(st: ProxyState, request: Request, run: RequestRun) -> Re
     for e in conv.kinds(Degraded):  # counted on the client's own request: say why, as on /v1/messages
         run.headers["x-ctxproxy-degraded"] = e.header
     run.finish({}, status=resp.status_code, rewritten=conv.changed)
-    return relay_response(content, resp.status_code, response_headers(resp.headers, decoded=True)
-                          + list(run.headers.items()))
+    return relay_response(content, resp.status_code, response_headers(resp.headers, decoded=True), run.headers)

@@ -66,7 +66,7 @@ async def _passthrough(st: ProxyState, request: Request, trace: RequestTrace) ->
         k.error = err.code
         _logged(trace, err.status, err.code, log)
         return error_response(err, wire, {"x-ctxproxy-request-id": rid})
-    headers = response_headers(resp.headers) + [("x-ctxproxy-request-id", rid), ("x-ctxproxy-route", route.name)]
+    upstream, own = response_headers(resp.headers), [("x-ctxproxy-request-id", rid), ("x-ctxproxy-route", route.name)]
     log.update(status=resp.status_code, overhead_ms=round((time.perf_counter() - t0) * 1000, 3))
     declared = resp.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) <= _BUFFER_LIMIT:
@@ -77,9 +77,9 @@ async def _passthrough(st: ProxyState, request: Request, trace: RequestTrace) ->
             _logged(trace, err.status, err.code, {**log, "status": err.status})
             return error_response(err, wire, {"x-ctxproxy-request-id": rid})
         _logged(trace, resp.status_code, None, log)
-        return relay_response(content, resp.status_code, headers)
+        return relay_response(content, resp.status_code, upstream, own)
     _logged(trace, resp.status_code, None, log)
-    return relay_stream(iter_raw(resp, url), resp.status_code, headers)
+    return relay_stream(iter_raw(resp, url), resp.status_code, upstream, own)
 
 
 def _logged(trace: RequestTrace, status: int, error: str | None, log: dict[str, object]) -> None:

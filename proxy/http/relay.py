@@ -94,8 +94,13 @@ def error_response(err: ProxyError, wire: Codec | None, headers: dict[str, str] 
     return Response((wire or CHAT).error_body(err), status_code=err.status, media_type=JSON, headers=headers)
 
 
-def _raw(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+Own = dict[str, str] | list[tuple[str, str]]  # the proxy's own response headers (x-ctxproxy-*)
+Raw = list[tuple[bytes, bytes]]  # the provider's, as proxy/upstream/client.py response_headers gives them
+
+
+def _raw(upstream: Raw, own: Own) -> Raw:
+    items = own.items() if isinstance(own, dict) else own
+    return upstream + [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in items]
 
 
 class _WholeThen(Response):
@@ -116,18 +121,18 @@ class _WholeThen(Response):
             self.then()
 
 
-def relay_response(content: bytes, status: int, headers: list[tuple[str, str]],
+def relay_response(content: bytes, status: int, upstream: Raw, own: Own,
                    then: Callable[[], None] | None = None) -> Response:
-    """A whole body with the provider's headers kept as a list (repeated headers survive).
+    """A whole body with the provider's headers kept as a list (repeated headers survive), then the proxy's.
 
     `then`: called once the body is sent, in the same task and before the app returns (so a reader's next
     request sees what it did), however the sending ended."""
     out = Response(content, status_code=status) if then is None else _WholeThen(content, status, then)
-    out.raw_headers = _raw(headers) + [(b"content-length", str(len(content)).encode())]
+    out.raw_headers = _raw(upstream, own) + [(b"content-length", str(len(content)).encode())]
     return out
 
 
-def relay_stream(chunks: AsyncIterator[bytes], status: int, headers: list[tuple[str, str]]) -> StreamingResponse:
+def relay_stream(chunks: AsyncIterator[bytes], status: int, upstream: Raw, own: Own) -> StreamingResponse:
     out = StreamingResponse(chunks, status_code=status)
-    out.raw_headers = _raw(headers)
+    out.raw_headers = _raw(upstream, own)
     return out

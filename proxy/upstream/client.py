@@ -88,16 +88,23 @@ def request_headers(client_headers: Iterable[tuple[str, str]], upstream: Upstrea
     return out
 
 
-def response_headers(upstream_headers: httpx.Headers, *, decoded: bool = False) -> list[tuple[str, str]]:
-    """The provider's response headers for the client, less hop-by-hop ones.
+_HOP_BY_HOP_RAW = frozenset(h.encode() for h in HOP_BY_HOP)
+_CONTENT_ENCODING = b"content-encoding"
+
+
+def response_headers(upstream_headers: httpx.Headers, *, decoded: bool = False) -> list[tuple[bytes, bytes]]:
+    """The provider's response headers for the client, as it sent them (names lower-cased, values byte for
+    byte), less hop-by-hop ones: never decoded and encoded again (a value that is not Latin-1 text passes too).
 
     `decoded`: the body is passed on decompressed, so its encoding header goes too.
     """
-    items = list(upstream_headers.multi_items())
-    drop = _dropped(items)
+    raw = [(k.lower(), v) for k, v in upstream_headers.raw]
+    drop = _HOP_BY_HOP_RAW
+    if any(k == b"connection" for k, _ in raw):
+        drop = drop | {t.strip().lower() for k, v in raw if k == b"connection" for t in v.split(b",")}
     if decoded:
-        drop = drop | {"content-encoding"}
-    return [(k, v) for k, v in items if k.lower() not in drop]
+        drop = drop | {_CONTENT_ENCODING}
+    return [(k, v) for k, v in raw if k not in drop]
 
 
 # Characters a path segment may carry as they are (RFC 3986 pchar less "%"): everything else is re-encoded.
