@@ -36,6 +36,9 @@ class ProxyState:
         configure_model_encodings({m: f.encoding for m, f in settings.models.items() if f.encoding})
         pipelines = {r.name: build_pipeline(r) for r in settings.routes}
         metrics = Metrics(settings)
+        backend = getattr(store, "inner", store)  # under the GuardedStore
+        if hasattr(backend, "on_unreplicated"):
+            backend.on_unreplicated = metrics.unreplicated.inc
         return cls(settings=settings, upstream=upstream, store=store, windows=LearnedWindows(store),
                    metrics=metrics, accounting=Accountant(store, metrics, settings.logging.log_content,
                                                         shared=shared_sessions(settings)),

@@ -144,3 +144,20 @@ def test_session_summary_counts_every_concurrent_request(proxy, upstream):
     summary = get(proxy, "/ctx/v1/sessions/burst", key="sk-burst")["summary"]
     assert summary["requests"] == 40
     assert summary["prompt"] == sum(r.usage["prompt_tokens"] for r in upstream.requests)
+
+
+async def test_writes_no_replica_acknowledged_are_counted_in_metrics() -> None:
+    """A Redis store's writes no replica had in time (proxy/store/redis.py `unreplicated`) reach /metrics."""
+    from proxy.config import build_settings
+    from proxy.state import ProxyState
+    from proxy.store.guarded import GuardedStore
+    from proxy.store.redis import RedisStore
+
+    backend = RedisStore("redis+sentinel://127.0.0.1:1/mymaster?wait=1")  # never connected to here
+    state = ProxyState.create(build_settings({}, {}), upstream=None, store=GuardedStore(backend))  # type: ignore[arg-type]
+    try:
+        assert backend.on_unreplicated is not None
+        backend.on_unreplicated()
+        assert b"ctxproxy_store_unreplicated_writes_total 1.0" in state.metrics.render()
+    finally:
+        await backend.close()

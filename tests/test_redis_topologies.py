@@ -59,9 +59,11 @@ async def test_a_handle_write_waits_for_the_replica_of_its_own_primary(topology,
         assert patient.unreplicated == 0  # the replica acknowledged both
         name = impatient.layout.name("b:", "t:wait:blob:c")
         replica = topo.node(topo.replica_of(topo.primary_of(name))) if isinstance(topo, Cluster) else topo.replica
+        told: list[int] = []
+        impatient.on_unreplicated = lambda: told.append(1)  # ProxyState's hook: /metrics counts it
         with replica.stopped():  # far shorter than the node timeout or down-after: no failover
             await impatient.put("t:wait:blob:c", b"v")
-        assert impatient.unreplicated == 1
+        assert impatient.unreplicated == 1 and told == [1]
         await patient.put("t:wait:blob:d", b"v")
         assert patient.unreplicated == 0
         assert await patient.get("t:wait:blob:c") == b"v"  # on the primary all along

@@ -117,6 +117,9 @@ class Metrics:
         self.breaks = Counter("ctxproxy_cache_breaks", "Cached prefixes broken, by cause", (*rm, "cause"), registry=r)
         self.degraded = Counter("ctxproxy_degraded_requests", "Requests forwarded unmodified: store down", rm,
                                 registry=r)
+        self.unreplicated = Counter("ctxproxy_store_unreplicated_writes", "Store writes the primary acknowledged "
+                                    "but no replica within wait_ms (Redis Cluster, Sentinel): a failover may lose them",
+                                    registry=r)
         self.overhead = Histogram("ctxproxy_overhead_seconds", "Time in the proxy before the request left", rm,
                                   buckets=_LATENCY_BUCKETS, registry=r)
         self.upstream = Histogram("ctxproxy_upstream_seconds", "Provider time to response headers", rm,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -92,6 +92,7 @@ class RedisStore(SharedOpsMixin):
         # A WAIT blocks its connection: past the socket timeout it would fail the write it guards.
         self.wait, self.wait_ms = target.wait, min(target.wait_ms, int(socket_timeout * 1000 * WAIT_SHARE))
         self.unreplicated = 0  # acknowledged writes no replica had within wait_ms: a failover may lose them
+        self.on_unreplicated: Callable[[], None] | None = None  # told of each (ProxyState: /metrics counts them)
         self._client: Client = open_client(target, connect_timeout, socket_timeout)
         self._renew = self._client.register_script(redis_lua.RENEW)
         self._release = self._client.register_script(redis_lua.RELEASE)
@@ -143,6 +144,8 @@ class RedisStore(SharedOpsMixin):
     def _acked(self, replies: list[Any]) -> list[Any]:
         if self.wait and int(replies.pop()) < self.wait:
             self.unreplicated += 1
+            if self.on_unreplicated is not None:
+                self.on_unreplicated()
         return replies
 
     async def _mget(self, names: list[bytes]) -> list[bytes | None]:
