@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, lifespan, error handlers. Nothing else lives here."""
+"""The FastAPI application: routes, lifespan, its error handlers registered (proxy/http/error_handlers.py)."""
 
 from __future__ import annotations
 
@@ -15,16 +15,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.config import Settings, load_settings
-from proxy.errors import BadRequest, NotFound, ProxyError
+from proxy.errors import ProxyError
 from proxy.http import ctx_api
-from proxy.http.answers import CountEveryAnswer, note_error
+from proxy.http.answers import CountEveryAnswer
 from proxy.http.chat import chat_completions
+from proxy.http.error_handlers import http_error, proxy_error, unexpected_error
 from proxy.http.messages import count_tokens, messages
 from proxy.http.passthrough import passthrough
-from proxy.http.relay import client_codec, error_response
 from proxy.http.responses import responses
 from proxy.http.responses_ws import responses_websocket
-from proxy.logs import log
 from proxy.state import ProxyState, state_of
 from proxy.store import open_store
 from proxy.store.guarded import GuardedStore
@@ -100,9 +99,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_api_route("/ctx/v1/blobs/{handle}", ctx_api.get_blob, methods=["GET"])
 
     app.add_middleware(CountEveryAnswer)  # inside the outermost 500 handler: it sees every answer but that one
-    app.add_exception_handler(ProxyError, _proxy_error)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected_error)
+    app.add_exception_handler(ProxyError, proxy_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected_error)
     return app
 
 
@@ -115,26 +114,3 @@ async def readyz(request: Request) -> Response:
     """Ready when the store answers; a load balancer keeps traffic away otherwise."""
     ok = await state_of(request).store.ping()
     return JSONResponse({"status": "ready" if ok else "store unreachable", "store": ok}, status_code=200 if ok else 503)
-
-
-async def _proxy_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ProxyError)
-    note_error(request.scope, exc)
-    return error_response(exc, client_codec(request))
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    if exc.status_code == 404:
-        missing = NotFound(f"no such endpoint: {request.method} {request.url.path}")
-        note_error(request.scope, missing)
-        return error_response(missing, client_codec(request))
-    err = BadRequest(str(exc.detail), code="method_not_allowed" if exc.status_code == 405 else "http_error")
-    err.status = exc.status_code
-    note_error(request.scope, err)
-    return error_response(err, client_codec(request))
-
-
-async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    log.error("unexpected error", exc_info=exc, extra={"fields": {"path": request.url.path}})
-    return error_response(ProxyError("internal proxy error; see the proxy log"), client_codec(request))
