@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, lifespan, its error handlers registered (proxy/http/error_handlers.py)."""
+"""The FastAPI application: routes, lifespan, the error handlers registered, the turns' fast lane installed."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp
 
 from proxy.config import Settings, load_settings
 from proxy.errors import ProxyError
@@ -20,6 +21,7 @@ from proxy.http import ctx_api
 from proxy.http.answers import CountEveryAnswer
 from proxy.http.chat import chat_completions
 from proxy.http.error_handlers import http_error, proxy_error, unexpected_error
+from proxy.http.fast_lane import FastLane, Handler
 from proxy.http.messages import count_tokens, messages
 from proxy.http.passthrough import passthrough
 from proxy.http.responses import responses
@@ -35,6 +37,18 @@ GC_YOUNG_THRESHOLD = 10_000  # allocations between two young-generation passes (
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _NO_FRAMEWORK_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False,
                                              "operation_spans": False}
+
+
+TURNS: dict[str, Handler] = {"/v1/chat/completions": chat_completions, "/v1/responses": responses,
+                             "/v1/messages": messages}  # the request path's APIs: routed as POST, fast-laned
+
+
+class _App(FastAPI):
+    """FastAPI with the turns' fast lane outermost: inside the app's own __call__ (which sets scope["app"] and
+    runs the lifespan), outside ServerErrorMiddleware and everything after it."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return FastLane(super().build_middleware_stack(), TURNS)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -73,17 +87,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # FastAPI's own OpenTelemetry spans and metrics off: the proxy traces its requests itself (proxy/telemetry/,
     # off unless OTEL_* say), and a process with a global provider set would get a second SERVER span for every
     # request. Off, FastAPI also stops asking the global providers whether they are set on every request.
-    app = FastAPI(title="ctxproxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
-                  telemetry=_NO_FRAMEWORK_TELEMETRY)
+    app = _App(title="ctxproxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+               telemetry=_NO_FRAMEWORK_TELEMETRY)
 
     # The proxied paths are plain Starlette routes: they take the raw request, so FastAPI's per-request
-    # dependency and validation machinery would be pure overhead on the hot path. They come first: the router
-    # tries routes in order, and no other path starts with /v1/ or /r/, so the proxy's own endpoints after
-    # them answer exactly as before while a turn skips their matching.
+    # dependency and validation machinery would be pure overhead on the hot path. A turn (TURNS) is served by
+    # the fast lane before it reaches the router at all; its routes here are the same handlers, for a request
+    # the lane leaves to the app (a root_path). They come first: the router tries routes in order, and no other
+    # path starts with /v1/ or /r/, so the proxy's own endpoints after them answer exactly as before.
     for prefix in ("", "/r/{route}"):
-        app.add_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
-        app.add_route(prefix + "/v1/responses", responses, methods=["POST"])
-        app.add_route(prefix + "/v1/messages", messages, methods=["POST"])
+        for path, handler in TURNS.items():
+            app.add_route(prefix + path, handler, methods=["POST"])
     for prefix in ("", "/r/{route}"):
         app.add_route(prefix + "/v1/messages/count_tokens", count_tokens, methods=["POST"])
         app.add_api_websocket_route(prefix + "/v1/responses", responses_websocket)
