@@ -13,7 +13,7 @@ from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp
+from starlette.types import Receive, Scope, Send
 
 from proxy.config import Settings, load_settings
 from proxy.errors import ProxyError
@@ -21,7 +21,7 @@ from proxy.http import ctx_api
 from proxy.http.answers import CountEveryAnswer
 from proxy.http.chat import chat_completions
 from proxy.http.error_handlers import http_error, proxy_error, unexpected_error
-from proxy.http.fast_lane import FastLane, Handler
+from proxy.http.fast_lane import Handler, serve, turn_of
 from proxy.http.messages import count_tokens, messages
 from proxy.http.passthrough import passthrough
 from proxy.http.responses import responses
@@ -44,11 +44,16 @@ TURNS: dict[str, Handler] = {"/v1/chat/completions": chat_completions, "/v1/resp
 
 
 class _App(FastAPI):
-    """FastAPI with the turns' fast lane outermost: inside the app's own __call__ (which sets scope["app"] and
-    runs the lifespan), outside ServerErrorMiddleware and everything after it."""
+    """FastAPI with the turns' fast lane outermost (proxy/http/fast_lane.py): a turn is served before FastAPI's
+    and Starlette's own __call__ and their middleware stack; any other request, and the lifespan, go to them."""
 
-    def build_middleware_stack(self) -> ASGIApp:
-        return FastLane(super().build_middleware_stack(), TURNS)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = None if self.root_path else turn_of(scope, TURNS)
+        if handler is None:
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self  # as Starlette's __call__ sets it: state_of(request) reads the app's state
+        await serve(handler, scope, receive, send)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

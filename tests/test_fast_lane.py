@@ -3,9 +3,9 @@
 The fast lane (proxy/http/fast_lane.py) serves POST /v1/chat/completions,
 /v1/responses and /v1/messages (and under /r/{route}) past Starlette's layers.
 Each test sends a request both ways - to the app as a server would, and to the
-stack the lane wraps, as every request went before the lane - and compares what
-the client got and what the proxy counted and logged. Requests the lane leaves
-alone are seen to reach the stack.
+app's own middleware stack, as every request went before the lane - and compares
+what the client got and what the proxy counted and logged. Requests the lane
+leaves alone are seen to reach the stack.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import httpx
 import pytest
 from starlette.responses import Response
 
+from proxy.app import TURNS
 from proxy.errors import BadRequest
-from proxy.http.fast_lane import FastLane
+from proxy.http.fast_lane import turn_of
 
 HI = [{"role": "user", "content": "hi"}]
-TURNS = [
+CASES = [
     ("/v1/chat/completions", {"model": "gpt-4o", "messages": HI}),
     ("/v1/chat/completions", {"model": "gpt-4o", "messages": HI, "stream": True}),
     ("/r/default/v1/chat/completions", {"model": "gpt-4o", "messages": HI}),
@@ -37,7 +38,8 @@ AUTH = {"authorization": "Bearer sk-lane"}
 
 
 class Spied:
-    """The stack the lane wraps, each request that reaches it counted: the lane left it to the app."""
+    """The app's own stack (FastAPI's middleware and router), each request that reaches it counted: the lane
+    left it to the app."""
 
     def __init__(self, app: Any) -> None:
         self.app, self.paths = app, []
@@ -49,21 +51,21 @@ class Spied:
 
 
 @pytest.fixture
-def lane(proxy) -> Iterator[FastLane]:
+def stack(proxy) -> Iterator[Spied]:
+    """The stack every request went through before the lane, spied on."""
     proxy.get("/healthz")  # the stack is built by the first request
-    lane = proxy.app.middleware_stack
-    assert isinstance(lane, FastLane)
-    inner = lane.app
-    lane.app = Spied(inner)
-    yield lane
-    lane.app = inner
+    inner = proxy.app.middleware_stack
+    proxy.app.middleware_stack = spied = Spied(inner)
+    yield spied
+    proxy.app.middleware_stack = inner
 
 
 def send(proxy, app: Any, path: str, *, method: str = "POST", raise_app_exceptions: bool = False,
          **kw: Any) -> httpx.Response:
-    """One request to `app` over ASGI on the proxy's loop, `scope["app"]` set as the FastAPI app sets it."""
+    """One request to `app` over ASGI on the proxy's loop (`scope["app"]` set, as the FastAPI app sets it)."""
     async def asgi(scope: Any, receive: Any, send: Any) -> None:
-        scope["app"] = proxy.app
+        if app is not proxy.app:
+            scope["app"] = proxy.app
         await app(scope, receive, send)
 
     async def go() -> httpx.Response:
@@ -82,18 +84,18 @@ def counts(proxy) -> dict[str, float]:
                                                               re.M)}
 
 
-def both(proxy, upstream, lane: FastLane, path: str, headers: dict[str, str] | None = None,
+def both(proxy, upstream, stack: Spied, path: str, headers: dict[str, str] | None = None,
          **kw: Any) -> tuple[httpx.Response, httpx.Response, list[dict[str, float]]]:
     """The request through the lane, then through the stack, each a tenant's first turn and the mock's first
     answer (its ids count up); and what each added to the request counters."""
     before = counts(proxy)
-    laned = send(proxy, lane, path, headers={**_as("lane"), **(headers or {})}, **kw)
+    laned = send(proxy, proxy.app, path, headers={**_as("lane"), **(headers or {})}, **kw)
     proxy.settle()
     between = counts(proxy)
     sent = list(upstream.requests)
     upstream.reset()
     upstream._seq = 0  # noqa: SLF001 - the mock's ids start again, as for the first request
-    routed = send(proxy, lane.app, path, headers={**_as("router"), **(headers or {})}, **kw)
+    routed = send(proxy, stack, path, headers={**_as("router"), **(headers or {})}, **kw)
     upstream.requests[:0] = sent
     proxy.settle()
     after = counts(proxy)
@@ -118,13 +120,13 @@ def headers(r: httpx.Response, session: str) -> list[tuple[str, str]]:
             if not VOLATILE.fullmatch(k)]
 
 
-@pytest.mark.parametrize(("path", "body"), TURNS)
-def test_a_turn_is_answered_and_counted_the_same_through_the_lane(proxy, upstream, lane, path, body):
-    laned, routed, added = both(proxy, upstream, lane, path, json=body)
+@pytest.mark.parametrize(("path", "body"), CASES)
+def test_a_turn_is_answered_and_counted_the_same_through_the_lane(proxy, upstream, stack, path, body):
+    laned, routed, added = both(proxy, upstream, stack, path, json=body)
     assert laned.status_code == 200, laned.text
     assert_same(laned, routed)
     assert added[0] == added[1] and sum(added[0].values()) == 1, added
-    assert lane.app.paths == [path]  # the router's turn only: the lane's never reached the stack
+    assert stack.paths == [path]  # the router's turn only: the lane's never reached the stack
     assert len(upstream.requests) == 2
 
 
@@ -134,8 +136,8 @@ def test_a_turn_is_answered_and_counted_the_same_through_the_lane(proxy, upstrea
     ("/r/nowhere/v1/chat/completions", b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}', 404),
     ("/r/nowhere/v1/responses", b'{"model": "gpt-4o", "input": "hi"}', 404),
 ])
-def test_a_refusal_is_the_same_error_counted_the_same(proxy, upstream, lane, path, content, status):
-    laned, routed, added = both(proxy, upstream, lane, path, content=content,
+def test_a_refusal_is_the_same_error_counted_the_same(proxy, upstream, stack, path, content, status):
+    laned, routed, added = both(proxy, upstream, stack, path, content=content,
                                 headers={"content-type": "application/json"})
     assert laned.status_code == status, laned.text
     assert_same(laned, routed)
@@ -151,17 +153,17 @@ def test_a_refusal_is_the_same_error_counted_the_same(proxy, upstream, lane, pat
     ("POST", "/v1/chat/completions/"),
     ("PUT", "/v1/responses"),
 ])
-def test_what_is_not_a_turn_is_left_to_the_app(proxy, upstream, lane, method, path):
+def test_what_is_not_a_turn_is_left_to_the_app(proxy, upstream, stack, method, path):
     body = {"model": "claude-sonnet-4-5", "messages": HI}
-    laned, routed, added = both(proxy, upstream, lane, path, method=method, json=body)
-    assert lane.app.paths == [path, path]
+    laned, routed, added = both(proxy, upstream, stack, path, method=method, json=body)
+    assert stack.paths == [path, path]
     assert_same(laned, routed)
     assert added[0] == added[1], added
 
 
-def test_get_on_a_turns_path_goes_to_the_provider_as_before(proxy, upstream, lane):
-    r = send(proxy, lane, "/v1/chat/completions", method="GET", headers=AUTH)
-    assert lane.app.paths == ["/v1/chat/completions"]
+def test_get_on_a_turns_path_goes_to_the_provider_as_before(proxy, upstream, stack):
+    r = send(proxy, proxy.app, "/v1/chat/completions", method="GET", headers=AUTH)
+    assert stack.paths == ["/v1/chat/completions"]
     assert [(q.method, q.path) for q in upstream.requests] == [("GET", "/v1/chat/completions")], r.text
 
 
@@ -184,11 +186,12 @@ class _StartsThenRefuses(Response):
 
 
 @pytest.mark.parametrize(("how", "status", "logged"), [("raises", 500, 1), ("refuses", 400, 0), ("midway", 200, 1)])
-def test_a_handler_failing_is_answered_logged_and_counted_the_same(proxy, upstream, lane, monkeypatch, caplog, how,
+def test_a_handler_failing_is_answered_logged_and_counted_the_same(proxy, upstream, stack, monkeypatch, caplog, how,
                                                                    status, logged):
     caplog.set_level(logging.ERROR, logger="ctxproxy")
     monkeypatch.setattr("proxy.http.chat.handle", _broken(how))
-    laned, routed, added = both(proxy, upstream, lane, "/v1/chat/completions", json={"model": "gpt-4o", "messages": HI})
+    laned, routed, added = both(proxy, upstream, stack, "/v1/chat/completions",
+                                json={"model": "gpt-4o", "messages": HI})
     assert laned.status_code == status
     assert_same(laned, routed)
     assert added[0] == added[1] and sum(added[0].values()) == 1, added
@@ -202,14 +205,35 @@ def test_a_handler_failing_is_answered_logged_and_counted_the_same(proxy, upstre
 
 
 @pytest.mark.parametrize("how", ["raises", "midway"])
-def test_an_unexpected_exception_still_reaches_the_server(proxy, upstream, lane, monkeypatch, how):
+def test_an_unexpected_exception_still_reaches_the_server(proxy, upstream, stack, monkeypatch, how):
     """As ServerErrorMiddleware does: the 500 sent (unless an answer had started), then the exception re-raised
     for the server to log (uvicorn) or the test client to raise."""
     monkeypatch.setattr("proxy.http.chat.handle", _broken(how))
     raised = []
-    for app in (lane, lane.app):
+    for app in (proxy.app, stack):
         with pytest.raises(RuntimeError) as info:
             send(proxy, app, "/v1/chat/completions", json={"model": "gpt-4o", "messages": HI},
                  raise_app_exceptions=True)
         raised.append(str(info.value))
     assert raised[0] == raised[1]
+
+
+@pytest.mark.parametrize(("scope", "params"), [
+    ({"path": "/v1/chat/completions"}, {}),
+    ({"path": "/r/coding/v1/messages"}, {"route": "coding"}),
+    ({"path": "/r/a b%/v1/responses"}, {"route": "a b%"}),  # a segment, whatever its characters (decoded)
+    ({"path": "/r/a/b/v1/chat/completions"}, None),
+    ({"path": "/r//v1/chat/completions"}, None),
+    ({"path": "/r/v1/chat/completions"}, None),
+    ({"path": "/v1/messages/count_tokens"}, None),
+    ({"path": "/v1/chat/completions", "method": "GET"}, None),
+    ({"path": "/v1/responses", "type": "websocket"}, None),
+    ({"path": "/api/v1/chat/completions", "root_path": "/api"}, None),  # the router's business (get_route_path)
+])
+def test_the_lane_takes_exactly_the_turns_the_router_would_route(scope, params):
+    scope = {"type": "http", "method": "POST", **scope}
+    handler = turn_of(scope, TURNS)
+    assert (handler is None) == (params is None)
+    if params is not None:
+        assert scope["path_params"] == params
+        assert handler is TURNS["/v1/" + scope["path"].split("/v1/", 1)[1]]

@@ -1,11 +1,13 @@
 """The turns' fast lane: a POST to /v1/chat/completions, /v1/responses or /v1/messages (or under /r/{route})
 goes straight to its handler, past Starlette's and FastAPI's generic per-request layers.
 
-Through the FastAPI stack a turn passes ServerErrorMiddleware, FastAPI's exception
-telemetry, CountEveryAnswer, ExceptionMiddleware, an AsyncExitStack, the router's
-matching and two exception wrappers, and each message it sends passes a closure of
-most of them: none of it does anything for a turn the lane cannot do once. The
-lane does what they do, once: the answer counted (proxy/http/answers.py), a
+Through the FastAPI stack a turn passes FastAPI's and Starlette's __call__,
+ServerErrorMiddleware, FastAPI's exception telemetry, CountEveryAnswer,
+ExceptionMiddleware, an AsyncExitStack, the router's matching and two exception
+wrappers; each message it sends passes a closure of most of them, and each time
+its task resumes, every one of their frames does. None of it does anything for a
+turn the lane cannot do once. The lane (proxy/app.py calls it first) does what
+they do, once: the answer counted (proxy/http/answers.py), a
 ProxyError answered by the same handler, any other exception answered, logged and
 re-raised to the server as ServerErrorMiddleware does (proxy/http/error_handlers.py).
 
@@ -22,7 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from proxy.errors import ProxyError
 from proxy.http.answers import Answer
@@ -33,30 +35,24 @@ ROUTE_PREFIX = "/r/"  # /r/{route}/v1/...: Starlette's `{route}` is one non-empt
 _STARTED = "Caught handled exception, but response already started."  # Starlette's words for the same case
 
 
-class FastLane:
-    """The app with its turns served directly: `turns` maps a path (/v1/chat/completions...) to its handler,
-    the same one the app's router has for that path and for /r/{route} + path."""
-
-    def __init__(self, app: ASGIApp, turns: Mapping[str, Handler]) -> None:
-        self.app = app
-        self.turns = dict(turns)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            path: str = scope["path"]
-            handler = self.turns.get(path)
-            if handler is not None:
-                scope["path_params"] = {}
-                await serve(handler, scope, receive, send)
-                return
-            if path.startswith(ROUTE_PREFIX):
-                route, slash, rest = path[len(ROUTE_PREFIX):].partition("/")
-                handler = self.turns.get("/" + rest) if route and slash else None
-                if handler is not None:
-                    scope["path_params"] = {"route": route}
-                    await serve(handler, scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+def turn_of(scope: Scope, turns: Mapping[str, Handler]) -> Handler | None:
+    """The handler of a turn (`turns` maps /v1/chat/completions... to the handler the app's router has for that
+    path and for /r/{route} + path), its `path_params` put in the scope as the router would; None for any other
+    request, which the app serves."""
+    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+        return None
+    path: str = scope["path"]
+    handler = turns.get(path)
+    if handler is not None:
+        scope["path_params"] = {}
+        return handler
+    if not path.startswith(ROUTE_PREFIX):
+        return None
+    route, slash, rest = path[len(ROUTE_PREFIX):].partition("/")
+    handler = turns.get("/" + rest) if route and slash else None
+    if handler is not None:
+        scope["path_params"] = {"route": route}
+    return handler
 
 
 async def serve(handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
