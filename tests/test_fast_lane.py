@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from proxy.app import TURNS
@@ -173,6 +174,8 @@ def _broken(how: str) -> Any:
             raise RuntimeError("a bug in the handler")
         if how == "refuses":
             raise BadRequest("refused by the handler", code="refused")
+        if how == "starlette":
+            raise HTTPException(405)
         return _StartsThenRefuses()
 
     return handle
@@ -185,7 +188,8 @@ class _StartsThenRefuses(Response):
         raise BadRequest("refused after the answer started")
 
 
-@pytest.mark.parametrize(("how", "status", "logged"), [("raises", 500, 1), ("refuses", 400, 0), ("midway", 200, 1)])
+@pytest.mark.parametrize(("how", "status", "logged"), [
+    ("raises", 500, 1), ("refuses", 400, 0), ("starlette", 405, 0), ("midway", 200, 1)])
 def test_a_handler_failing_is_answered_logged_and_counted_the_same(proxy, upstream, stack, monkeypatch, caplog, how,
                                                                    status, logged):
     caplog.set_level(logging.ERROR, logger="ctxproxy")
@@ -195,9 +199,12 @@ def test_a_handler_failing_is_answered_logged_and_counted_the_same(proxy, upstre
     assert laned.status_code == status
     assert_same(laned, routed)
     assert added[0] == added[1] and sum(added[0].values()) == 1, added
+    timelines = [[(e["status"], e["error"]) for e in proxy.get(f"/ctx/v1/sessions/{who}", headers=_as(who)).json()[
+        "requests"]] for who in ("lane", "router")]
+    assert timelines[0] == timelines[1] == [(status, {"raises": "internal_error", "refuses": "refused",
+                                                      "starlette": "method_not_allowed", "midway": None}[how])]
     if how == "raises":
         assert laned.json()["error"]["message"] == "internal proxy error; see the proxy log"
-        assert next(iter(added[0])).count('status="500"') == 1
     errors = [(r.getMessage(), type(r.exc_info[1]).__name__ if r.exc_info else None) for r in caplog.records]
     assert errors[::2] == errors[1::2] and len(errors) == 2 * logged, errors  # the same line, once each way
     if logged:
