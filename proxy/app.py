@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, lifespan, error handlers. Nothing else lives here."""
+"""The FastAPI application: routes, lifespan, the error handlers registered, the turns' fast lane installed."""
 
 from __future__ import annotations
 
@@ -13,18 +13,19 @@ from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from proxy.config import Settings, load_settings
-from proxy.errors import BadRequest, NotFound, ProxyError
+from proxy.errors import ProxyError
 from proxy.http import ctx_api
-from proxy.http.answers import CountEveryAnswer, note_error
+from proxy.http.answers import CountEveryAnswer
 from proxy.http.chat import chat_completions
+from proxy.http.error_handlers import http_error, proxy_error, unexpected_error
+from proxy.http.fast_lane import Handler, serve, turn_of
 from proxy.http.messages import count_tokens, messages
 from proxy.http.passthrough import passthrough
-from proxy.http.relay import client_codec, error_response
 from proxy.http.responses import responses
 from proxy.http.responses_ws import responses_websocket
-from proxy.logs import log
 from proxy.state import ProxyState, state_of
 from proxy.store import open_store
 from proxy.store.guarded import GuardedStore
@@ -36,6 +37,23 @@ GC_YOUNG_THRESHOLD = 10_000  # allocations between two young-generation passes (
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _NO_FRAMEWORK_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False,
                                              "operation_spans": False}
+
+
+TURNS: dict[str, Handler] = {"/v1/chat/completions": chat_completions, "/v1/responses": responses,
+                             "/v1/messages": messages}  # the request path's APIs: routed as POST, fast-laned
+
+
+class _App(FastAPI):
+    """FastAPI with the turns' fast lane outermost (proxy/http/fast_lane.py): a turn is served before FastAPI's
+    and Starlette's own __call__ and their middleware stack; any other request, and the lifespan, go to them."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = None if self.root_path else turn_of(scope, TURNS)
+        if handler is None:
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self  # as Starlette's __call__ sets it: state_of(request) reads the app's state
+        await serve(handler, scope, receive, send)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -74,17 +92,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # FastAPI's own OpenTelemetry spans and metrics off: the proxy traces its requests itself (proxy/telemetry/,
     # off unless OTEL_* say), and a process with a global provider set would get a second SERVER span for every
     # request. Off, FastAPI also stops asking the global providers whether they are set on every request.
-    app = FastAPI(title="ctxproxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
-                  telemetry=_NO_FRAMEWORK_TELEMETRY)
+    app = _App(title="ctxproxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+               telemetry=_NO_FRAMEWORK_TELEMETRY)
 
     # The proxied paths are plain Starlette routes: they take the raw request, so FastAPI's per-request
-    # dependency and validation machinery would be pure overhead on the hot path. They come first: the router
-    # tries routes in order, and no other path starts with /v1/ or /r/, so the proxy's own endpoints after
-    # them answer exactly as before while a turn skips their matching.
+    # dependency and validation machinery would be pure overhead on the hot path. A turn (TURNS) is served by
+    # the fast lane before it reaches the router at all; its routes here are the same handlers, for a request
+    # the lane leaves to the app (a root_path). They come first: the router tries routes in order, and no other
+    # path starts with /v1/ or /r/, so the proxy's own endpoints after them answer exactly as before.
     for prefix in ("", "/r/{route}"):
-        app.add_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
-        app.add_route(prefix + "/v1/responses", responses, methods=["POST"])
-        app.add_route(prefix + "/v1/messages", messages, methods=["POST"])
+        for path, handler in TURNS.items():
+            app.add_route(prefix + path, handler, methods=["POST"])
     for prefix in ("", "/r/{route}"):
         app.add_route(prefix + "/v1/messages/count_tokens", count_tokens, methods=["POST"])
         app.add_api_websocket_route(prefix + "/v1/responses", responses_websocket)
@@ -100,9 +118,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_api_route("/ctx/v1/blobs/{handle}", ctx_api.get_blob, methods=["GET"])
 
     app.add_middleware(CountEveryAnswer)  # inside the outermost 500 handler: it sees every answer but that one
-    app.add_exception_handler(ProxyError, _proxy_error)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected_error)
+    app.add_exception_handler(ProxyError, proxy_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected_error)
     return app
 
 
@@ -115,26 +133,3 @@ async def readyz(request: Request) -> Response:
     """Ready when the store answers; a load balancer keeps traffic away otherwise."""
     ok = await state_of(request).store.ping()
     return JSONResponse({"status": "ready" if ok else "store unreachable", "store": ok}, status_code=200 if ok else 503)
-
-
-async def _proxy_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ProxyError)
-    note_error(request.scope, exc)
-    return error_response(exc, client_codec(request))
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    if exc.status_code == 404:
-        missing = NotFound(f"no such endpoint: {request.method} {request.url.path}")
-        note_error(request.scope, missing)
-        return error_response(missing, client_codec(request))
-    err = BadRequest(str(exc.detail), code="method_not_allowed" if exc.status_code == 405 else "http_error")
-    err.status = exc.status_code
-    note_error(request.scope, err)
-    return error_response(err, client_codec(request))
-
-
-async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    log.error("unexpected error", exc_info=exc, extra={"fields": {"path": request.url.path}})
-    return error_response(ProxyError("internal proxy error; see the proxy log"), client_codec(request))

@@ -68,22 +68,37 @@ class CountEveryAnswer:
         if scope["type"] != "http" or scope["path"].startswith(_OWN_PATHS):
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def counted(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start" and not started:
-                started = True
-                _count(scope, message["status"])
-            await send(message)
-
+        answer = Answer(scope, send)
         try:
-            await self.app(scope, receive, counted)
+            await self.app(scope, receive, answer.send)
         except Exception:
-            if not started:  # the app's 500, rendered by the outermost error handler
-                known(scope).error = known(scope).error or "internal_error"
-                _count(scope, 500)
+            answer.failed()
             raise
+
+
+class Answer:
+    """One client request's answer, counted once: as its response starts, or as the 500 it gets when the app
+    fails before one started (rendered outside, by the outermost error handler). Also used by the fast lane
+    (proxy/http/fast_lane.py), whose turns skip CountEveryAnswer but not their count."""
+
+    __slots__ = ("scope", "started", "_send")
+
+    def __init__(self, scope: Scope, send: Send) -> None:
+        self.scope, self._send, self.started = scope, send, False
+
+    async def send(self, message: Message) -> None:
+        """The app's `send`: the first response start is counted, every message passed on unchanged."""
+        if not self.started and message["type"] == "http.response.start":
+            self.started = True
+            _count(self.scope, message["status"])
+        await self._send(message)
+
+    def failed(self) -> None:
+        """The app raised: unless a response had started, the answer is the outermost handler's 500."""
+        if not self.started:
+            k = known(self.scope)
+            k.error = k.error or "internal_error"
+            _count(self.scope, 500)
 
 
 def _count(scope: Scope, status: int) -> None:
