@@ -15,6 +15,7 @@ Precedence, highest first: CLI flag, environment (`CTXPROXY_*`), file, built-in.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -112,12 +113,18 @@ class UpstreamSettings(_Strict):
         """The API this upstream takes; None: any (the request's path says which)."""
         if self.api is not None:
             return self.api
-        host = (urlsplit(self.base_url).hostname or "").lower()
-        if host == "anthropic.com" or host.endswith(".anthropic.com"):
-            return "anthropic"
-        if host == "openai.com" or host.endswith(".openai.com"):
-            return "openai"
-        return None
+        return _api_of_url(self.base_url)
+
+
+@functools.lru_cache(maxsize=256)  # a few configured upstreams, asked on every request (routing, headers)
+def _api_of_url(base_url: str) -> Literal["openai", "anthropic"] | None:
+    """The API a provider's own host speaks (a urlsplit per request, without the cache)."""
+    host = (urlsplit(base_url).hostname or "").lower()
+    if host == "anthropic.com" or host.endswith(".anthropic.com"):
+        return "anthropic"
+    if host == "openai.com" or host.endswith(".openai.com"):
+        return "openai"
+    return None
 
 
 class ModelFacts(_Strict):

@@ -26,10 +26,20 @@ class JsonFormatter(logging.Formatter):
     def __init__(self, worker: bool = False) -> None:
         super().__init__()
         self.worker = worker  # several processes write one stream: each line says whose it is
+        self._second: tuple[int, str] = (-1, "")  # (a second, its text): formatted once per second, not per line
+
+    def _stamp(self, record: logging.LogRecord) -> str:
+        """`2026-01-02T03:04:05.678Z`; the seconds' text is strftime's, remembered while the lines share it
+        (strftime and gmtime were a third of a request line's formatting)."""
+        second = int(record.created)
+        last = self._second
+        if last[0] != second:
+            last = self._second = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+        return f"{last[1]}.{int(record.msecs):03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": self._stamp(record),
             "level": record.levelname.lower(),
             "msg": record.getMessage(),
         }

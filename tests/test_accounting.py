@@ -103,6 +103,14 @@ def test_metrics_are_labelled_by_route_and_model(proxy, upstream):
     assert "ctxproxy_overhead_seconds_bucket" in text and "ctxproxy_cacheable_tokens_total" in text
 
 
+def test_a_figure_of_zero_is_a_series_at_zero(proxy, upstream):
+    """A session's first request: nothing cached, nothing cacheable; both series are there, at 0."""
+    post(proxy, conversation(1), key="sk-zero")
+    lines = proxy.get("/metrics").text.splitlines()
+    for name in ("ctxproxy_cached_tokens_total", "ctxproxy_cacheable_tokens_total"):
+        assert f'{name}{{model="gpt-4o",route="default"}} 0.0' in lines, name
+
+
 def test_tenants_see_only_their_own_sessions_and_admin_sees_all(upstream, tmp_path):
     cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/c.db", env={"CTXPROXY_ADMIN_TOKEN": "s3cret"},
                         defaults={"status_bar": {"enabled": False}})

@@ -49,6 +49,20 @@ def test_bearer_and_single_key_headers_keep_their_tenant_ids():
     assert api_key_of({}) is None and api_key_of({"authorization": "Bearer "}) is None
 
 
+def test_a_repeated_header_counts_by_its_first_value(proxy, upstream):
+    """Two Authorization or X-Session-Id headers: the first names the tenant and the session, as always."""
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+    headers = [("authorization", "Bearer sk-first"), ("authorization", "Bearer sk-second"),
+               ("x-session-id", "first-session"), ("x-session-id", "second-session")]
+    r = proxy.post("/v1/chat/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-ctxproxy-session"] == "first-session"
+    listed = proxy.get("/ctx/v1/sessions", headers={"authorization": "Bearer sk-first"}).json()
+    assert "first-session" in json.dumps(listed)
+    other = proxy.get("/ctx/v1/sessions", headers={"authorization": "Bearer sk-second"}).json()
+    assert "first-session" not in json.dumps(other)
+
+
 def test_basic_users_neither_share_sessions_nor_read_each_others_offloads(proxy, upstream):
     alice, bob = basic("alice", "pw-a"), basic("bob", "pw-b")
     body = {"model": "gpt-4o", "tools": TOOLS, "messages": history(big_log())}

@@ -186,33 +186,36 @@ class Accountant:
         }
 
     def _metrics(self, ctx: RequestContext, e: dict[str, Any], o: Outcome, f: Figures) -> None:
+        """Each figure into its series. A series is created as it always was (it is in /metrics from then on,
+        at 0); an amount of 0 is not added to it (a no-op that takes the child's lock)."""
         m, labels = self.metrics, (ctx.route.name, self.metrics.model_label(ctx.model))
-        m.of(m.requests, *labels, str(o.status)).inc()
+        of = m.of
+        of(m.requests, *labels, str(o.status)).inc()
         if e["prompt"] is not None:
-            m.of(m.prompt, *labels).inc(e["prompt"])
-            m.of(m.completion, *labels).inc(e["completion"])
+            _add(of(m.prompt, *labels), e["prompt"])
+            _add(of(m.completion, *labels), e["completion"])
         if e["cached"] is not None:
-            m.of(m.cached, *labels).inc(e["cached"])
-        m.of(m.cacheable, *labels).inc(e["cacheable"] or 0)
+            _add(of(m.cached, *labels), e["cached"])
+        _add(of(m.cacheable, *labels), e["cacheable"] or 0)
         if e["offloaded_new"]:
-            m.of(m.offloads, *labels).inc(e["offloaded_new"])
+            of(m.offloads, *labels).inc(e["offloaded_new"])
         for layer in f.compactions:
-            m.of(m.compactions, *labels, layer).inc()
+            of(m.compactions, *labels, layer).inc()
         if o.accepted:
-            m.of(m.client_tokens, *labels).inc(f.client_tokens)
-            m.of(m.sent_tokens, *labels).inc(f.sent_tokens)
+            _add(of(m.client_tokens, *labels), f.client_tokens)
+            _add(of(m.sent_tokens, *labels), f.sent_tokens)
             for by, amount in (("offload", f.saved_offload), ("compress", f.saved_compress)):
                 if amount > 0:  # a counter never goes down; the exact net is client - sent
-                    m.of(m.saved, *labels, by).inc(amount)
+                    of(m.saved, *labels, by).inc(amount)
         if e["read_rounds"]:
-            m.of(m.read_rounds, *labels).inc(e["read_rounds"])
+            of(m.read_rounds, *labels).inc(e["read_rounds"])
         if e["break"]:
-            m.of(m.breaks, *labels, e["break"]).inc()
+            of(m.breaks, *labels, e["break"]).inc()
         if e["degraded"]:
-            m.of(m.degraded, *labels).inc()
-        m.of(m.overhead, *labels).observe(o.overhead_s)
+            of(m.degraded, *labels).inc()
+        of(m.overhead, *labels).observe(o.overhead_s)
         if o.upstream_s:
-            m.of(m.upstream, *labels).observe(o.upstream_s)
+            of(m.upstream, *labels).observe(o.upstream_s)
 
     def _queue(self, ctx: RequestContext, traces: dict[str, Any], e: dict[str, Any], f: Figures,
                inspect: dict[str, Any], texts: list[dict[str, Any]], reads: list[str]) -> None:
@@ -376,6 +379,12 @@ class Accountant:
         while self._flusher is not None and not self._flusher.done():
             await asyncio.gather(self._flusher, return_exceptions=True)
         await self.settle()
+
+
+def _add(child: Any, amount: float) -> None:
+    """`child.inc(amount)` unless amount is 0 (a negative one still raises, as inc does)."""
+    if amount:
+        child.inc(amount)
 
 
 @dataclass

@@ -29,6 +29,7 @@ FIELDS = ("requests", "errors", "prompt", "cached", "reported_prompt", "cacheabl
           "breaks", "offloads", "compactions", "read_rounds", "handles_given", "handles_read")
 # The same counters per session (requests are counted in the session index).
 SESSION_FIELDS = tuple(f for f in FIELDS if f not in ("requests", "reported_prompt"))
+_SESSION_FIELD_SET = frozenset(SESSION_FIELDS)
 
 SESSIONS_PREFIX = "sessions:"  # counters sessions:{tenant}:{session} = requests: the session index
 SESSION_STATS_PREFIX = "sessstat:"  # counters sessstat:{tenant}:{session}|{field}
@@ -73,19 +74,20 @@ def add_counts(amounts: defaultdict[str, int | float], tenant: str, session: str
                values: dict[str, int | float], request: bool = True) -> None:
     """Fold one request's counter values into a batch: its route/model group (all-time and hourly) and,
     when it has one, its session (the index counts it as a request, unless `request` is False: one of the
-    proxy's own calls, proxy/accounting/own_calls.py)."""
-    for bucket in ("all", f"h{hour}"):
-        for k, v in values.items():
-            if v:
-                amounts[f"{group}|{bucket}|{k}"] += v
+    proxy's own calls, proxy/accounting/own_calls.py). A value of 0 adds nothing: most of a request's are."""
+    nonzero = [(k, v) for k, v in values.items() if v]
+    for prefix in (f"{group}|all|", f"{group}|h{hour}|"):
+        for k, v in nonzero:
+            amounts[prefix + k] += v
     if session is None:
         return
     sess = f"{tenant}:{session}"
     if request:
         amounts[f"{SESSIONS_PREFIX}{sess}"] += 1
-    for k in SESSION_FIELDS:
-        if values.get(k):
-            amounts[f"{SESSION_STATS_PREFIX}{sess}|{k}"] += values[k]
+    prefix = f"{SESSION_STATS_PREFIX}{sess}|"
+    for k, v in nonzero:
+        if k in _SESSION_FIELD_SET:
+            amounts[prefix + k] += v
 
 
 def group_of(tenant: str, route: str, model: str | None) -> str:

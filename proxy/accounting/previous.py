@@ -21,6 +21,7 @@ cache still serves `last`), and the accountant writes each trace as soon as its 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any
 
@@ -33,8 +34,19 @@ TRACES_CACHED = 1_000  # (tenant, session, model) traces kept in process
 
 
 def _model_tag(model: str | None) -> str:
-    """A short, key-safe name for a model (its string is the client's, of any length)."""
+    """A short, key-safe name for a model (its string is the client's, of any length). Every request asks for
+    its model's three times (check, last, keep): a name of ordinary length is hashed once (`_cached_tag`)."""
+    if model is not None and len(model) <= _TAG_CACHED_CHARS:
+        return _cached_tag(model)
+    return _tag(model)
+
+
+def _tag(model: str | None) -> str:
     return hashlib.blake2b((model or "").encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+_TAG_CACHED_CHARS = 200  # a longer name is hashed every time: the cache's memory stays bounded
+_cached_tag = functools.lru_cache(maxsize=1024)(_tag)  # model names come from clients: bounded
 
 
 def trace_key(tenant: str, session: str, model: str | None) -> str:

@@ -137,18 +137,21 @@ async def context(st: ProxyState, request: Request, conv: Conversation, run: Req
 
 async def _context(st: ProxyState, request: Request, conv: Conversation, request_id: str,
                    trace: RequestTrace) -> RequestContext:
+    """The headers are read into a dict once (the first value of a repeated name, as Headers.get gives): each
+    lookup on Starlette's Headers walks and compares its whole raw list, and this makes a handful."""
     model = conv.model
-    route = resolve_route(st.settings, request.path_params.get("route"), request.headers, model, conv.wire.family)
-    tenant = tenant_id(api_key_of(request.headers), st.settings.tenant_salt)
+    items = request.headers.items()
+    headers = dict(reversed(items))
+    route = resolve_route(st.settings, request.path_params.get("route"), headers, model, conv.wire.family)
+    tenant = tenant_id(api_key_of(headers), st.settings.tenant_salt)
     window = context_window(st.settings, model, route.context_window)
     learned = await st.windows.get(tenant, route.name, model)
     return RequestContext(request_id=request_id, route=route, tenant=tenant,
-                          session=session_id(request.headers, tenant, route, conv), model=model,
+                          session=session_id(headers, tenant, route, conv), model=model,
                           stream=conv.wire.is_stream(conv.body), store=st.store,
                           archive_quota=st.settings.store_quota_bytes,
                           window=min(window, learned or window), upstream=st.upstream,
-                          upstream_headers=request_headers(request.headers.items(), route.upstream,
-                                                           identity_encoding=True),
+                          upstream_headers=request_headers(items, route.upstream, identity_encoding=True),
                           own_calls=RequestOwnCalls(st.accounting.own_call), trace=trace)
 
 
