@@ -10,6 +10,7 @@ looks inside them (proxy/wire/codec.py).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -120,9 +121,15 @@ class Conversation:
         return self._tools[0]
 
     def set_tools(self, tools: list[Any]) -> None:
+        """The tools as sent from now on. Where they are the counted ones plus some (the read tool appended), their
+        count is the known one plus the new tools' (a tool list's count is the sum of its tools')."""
+        known, model = self._tool_tokens, self._model()
+        old = known[0] if known is not None and known[1] == model else None
         self.wire.set_tools(self.body, tools)
         self.changed = True
         self._tools = self._tool_tokens = None
+        if known is not None and old and len(tools) > len(old) and all(map(operator.is_, old, tools)):
+            self._tool_tokens = (self.tools, model, known[2] + default_counter.count_tools(tools[len(old):], model))
 
     @cached_property
     def prefix(self) -> dict[str, Any] | None:
