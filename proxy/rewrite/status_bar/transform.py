@@ -62,9 +62,13 @@ def _has_tool_result(wire: Codec, messages: list[Item]) -> bool:
 
 
 async def _is_agent(conv: Conversation) -> bool:
-    """It has tools, or results of tools: a walk over every message, on the pool when they are many."""
-    return bool(conv.tools) or await offloop.run_unless_light(conv.messages, _has_tool_result, conv.wire,
-                                                             conv.messages)
+    """It has tools, or results of tools: a walk over every message, on the pool when they are many (inline in a
+    body under offloop.INLINE_CHARS bytes, which cannot hold many: not even measured)."""
+    if conv.tools:
+        return True
+    if len(conv.raw) < offloop.INLINE_CHARS:
+        return _has_tool_result(conv.wire, conv.messages)
+    return await offloop.run_unless_light(conv.messages, _has_tool_result, conv.wire, conv.messages)
 
 
 def _keys(ctx: RequestContext) -> tuple[str, str]:
