@@ -10,6 +10,7 @@ looks inside them (proxy/wire/codec.py).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -98,6 +99,8 @@ class Conversation:
     _style: JsonStyle | None = field(default=None, init=False, repr=False)
     _tools: tuple[list[Any] | None] | None = field(default=None, init=False, repr=False)  # (tools,) once read
     _prefix_tokens: int | None = field(default=None, init=False, repr=False)
+    # (tools, model, their tokens): the tool list's count, while the same list goes to the same model
+    _tool_tokens: tuple[list[Any] | None, str | None, int] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.facts = MessageFacts(self.client_messages, self._model)
@@ -118,9 +121,15 @@ class Conversation:
         return self._tools[0]
 
     def set_tools(self, tools: list[Any]) -> None:
+        """The tools as sent from now on. Where they are the counted ones plus some (the read tool appended), their
+        count is the known one plus the new tools' (a tool list's count is the sum of its tools')."""
+        known, model = self._tool_tokens, self._model()
+        old = known[0] if known is not None and known[1] == model else None
         self.wire.set_tools(self.body, tools)
         self.changed = True
-        self._tools = None
+        self._tools = self._tool_tokens = None
+        if known is not None and old and len(tools) > len(old) and all(map(operator.is_, old, tools)):
+            self._tool_tokens = (self.tools, model, known[2] + default_counter.count_tools(tools[len(old):], model))
 
     @cached_property
     def prefix(self) -> dict[str, Any] | None:
@@ -138,9 +147,19 @@ class Conversation:
             self._prefix_tokens = self.facts.count(prefix) if prefix is not None else 0
         return self._prefix_tokens
 
+    def tool_tokens(self) -> int:
+        """Tokens of the tool definitions as sent, counted once while the tool list stays (several counts of the
+        prompt's head ask for it per request; counting again hashes the whole list to find its cached count)."""
+        tools, model, known = self.tools, self._model(), self._tool_tokens
+        if known is not None and known[0] is tools and known[1] == model:
+            return known[2]
+        n = default_counter.count_tools(tools, model)
+        self._tool_tokens = (tools, model, n)
+        return n
+
     def head_tokens(self) -> int:
         """Tokens of what comes before the items in the prompt: the tool definitions as sent, the system prompt."""
-        return default_counter.count_tools(self.tools, self._model()) + self.prefix_tokens()
+        return self.tool_tokens() + self.prefix_tokens()
 
     def prompt_tokens(self, messages: Sequence[dict[str, Any]]) -> int:
         """The prompt the provider gets with these items, by the proxy's count: the head and every item.
@@ -186,9 +205,10 @@ class Conversation:
         """
         if len(self.raw) >= offloop.INLINE_CHARS:
             await self.facts.prepare(self.messages, counts=True)
-            tools = self.tools
+            tools, model = self.tools, self._model()
             if tools:
-                await offloop.run_unless_light(tools, default_counter.count_tools, tools, self._model())
+                n = await offloop.run_unless_light(tools, default_counter.count_tools, tools, model)
+                self._tool_tokens = (tools, model, n)
 
     async def count_prepared(self, message: dict[str, Any]) -> int:
         """Tokens of one message (as `counts`), counted off the event loop if it is big."""
@@ -205,7 +225,7 @@ class Conversation:
     def set_messages(self, messages: list[Item]) -> None:
         self.wire.set_items(self.body, messages)
         self.changed = True
-        self._tools = None
+        self._tools = None  # the tools may be among the items (Responses' additional_tools): read again
 
     @property
     def style(self) -> JsonStyle:

@@ -49,6 +49,7 @@ def cache_fields(settings: CacheHintsSettings | None, conv: Conversation, ctx: R
     return out
 
 
+_STYLES_CACHED = 1_000  # (model, upstream) pairs whose breakpoint style is remembered
 MIN_CACHEABLE_TOKENS = 1024  # Anthropic's smallest cacheable prefix (more on some models): a mark before it is moot
 
 
@@ -58,13 +59,24 @@ class CacheHints:
 
     def __init__(self, settings: CacheHintsSettings, peers: Peers) -> None:
         self.settings = settings
+        # (model, upstream URL) -> the breakpoint style `auto` finds for it (globs matched once per model)
+        self._styles: dict[tuple[str, str], BreakpointStyle | Literal["none"]] = {}
 
     def style(self, ctx: RequestContext) -> BreakpointStyle | Literal["none"]:
         s = self.settings
         if s.breakpoints != "auto":
             return s.breakpoints
-        model = ctx.model or ""
-        if "anthropic" in ctx.route.upstream.base_url or any(fnmatchcase(model, g) for g in s.anthropic_models):
+        key = (ctx.model or "", ctx.route.upstream.base_url)
+        style = self._styles.get(key)
+        if style is None:
+            style = self._styles[key] = self._auto(*key)
+            if len(self._styles) > _STYLES_CACHED:  # model names come from clients: bounded
+                del self._styles[next(iter(self._styles))]
+        return style
+
+    def _auto(self, model: str, base_url: str) -> BreakpointStyle | Literal["none"]:
+        s = self.settings
+        if "anthropic" in base_url or any(fnmatchcase(model, g) for g in s.anthropic_models):
             return "anthropic"
         if any(fnmatchcase(model, g) for g in s.openai_breakpoint_models):
             return "openai"

@@ -133,6 +133,8 @@ class Offload:
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         s = self.settings
+        if len(conv.raw) < MIN_THRESHOLD_TOKENS and conv.messages is conv.client_messages:
+            return conv  # no text in the body has the bytes a candidate needs (JSON spells a text in as many or more)
         found = await self._candidates(conv)
         if not found:  # no text big enough: nothing to decide, replay or store (most requests of most sessions)
             return conv

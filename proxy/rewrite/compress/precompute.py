@@ -77,13 +77,18 @@ class Precomputer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._seen: LRU[tuple[str, str], str] = LRU(_TRACKED)  # session -> claim key last claimed or found
 
+    def past_precompute(self, total: int, window: int) -> bool:
+        """Whether a prompt of `total` tokens is past where a summary is precomputed (a summarizing route only)."""
+        s = self.compress.settings
+        return bool(s.summary and s.precompute and total > s.precompute * window)
+
     async def maybe_start(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, view: View,
                           fixed: int) -> None:
         """Claim and start the background summary if this request is past `precompute` and none is claimed."""
-        s = self.compress.settings
         total = sum(view.counts) + fixed
-        if not s.summary or not s.precompute or not total > s.precompute * ctx.window:
+        if not self.past_precompute(total, ctx.window):
             return
+        s = self.compress.settings
         k = (ctx.tenant, ctx.session)
         key = _key(log, conv, view)
         if self._seen.get(k) == key:

@@ -132,15 +132,17 @@ class Compress:
         if own:
             conv.events.append(ClientCompacts())
         raw = conv.messages
-        digests, counts = conv.digests(raw), conv.counts(raw)
+        counts = conv.counts(raw)
         fixed = conv.fixed_tokens() + conv.wire.output_reserve(conv.body)
-        log = CompactionLog(ctx.store, ctx.tenant, ctx.session, ctx.route.name, s.retention_days * SECONDS_PER_DAY)
-        if sum(counts) + fixed <= s.trigger * ctx.window:
+        total = sum(counts) + fixed
+        if total <= s.trigger * ctx.window:
             # A session's history only grows, and a compaction needs it over the trigger: a request
-            # under it has no record to replay, so the store is not even asked.
-            if not own:
-                await self.precomputer.maybe_start(conv, ctx, log, View(raw, counts, 0, 0, 0), fixed)
+            # under it has no record to replay, so the store is not even asked (nor its digests read).
+            if not own and self.precomputer.past_precompute(total, ctx.window):
+                await self.precomputer.maybe_start(conv, ctx, self._log(ctx), View(raw, counts, 0, 0, 0), fixed)
             return conv
+        digests = conv.digests(raw)
+        log = self._log(ctx)
         view = await self._replayed(conv, log, raw, digests, counts)
         await self._count_unsent(conv, ctx, log, view)
         over = sum(view.counts) + fixed > s.trigger * ctx.window
@@ -153,6 +155,10 @@ class Compress:
             conv.set_messages(repair_pairing(conv.wire, view.messages))
             conv.events.append(CompactionInEffect(view.version, view.kept))
         return conv
+
+    def _log(self, ctx: RequestContext) -> CompactionLog:
+        return CompactionLog(ctx.store, ctx.tenant, ctx.session, ctx.route.name,
+                             self.settings.retention_days * SECONDS_PER_DAY)
 
     async def _count_unsent(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, view: View) -> None:
         """A compaction a count wrote is this turn's to count, if this turn is the first to send it."""

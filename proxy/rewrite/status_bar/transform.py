@@ -23,7 +23,6 @@ turn, the context use, and whatever warns.
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any, ClassVar
 
@@ -37,6 +36,7 @@ from proxy.rewrite.events import CompactionInEffect, Offloaded, StatusAdded, Sta
 from proxy.rewrite.marks import STATUS_OPEN
 from proxy.rewrite.settings import Peers, StatusBarSettings
 from proxy.rewrite.status_bar.trajectory import (
+    ErrorLook,
     Progress,
     StatusAnchor,
     Trajectory,
@@ -62,9 +62,13 @@ def _has_tool_result(wire: Codec, messages: list[Item]) -> bool:
 
 
 async def _is_agent(conv: Conversation) -> bool:
-    """It has tools, or results of tools: a walk over every message, on the pool when they are many."""
-    return bool(conv.tools) or await offloop.run_unless_light(conv.messages, _has_tool_result, conv.wire,
-                                                             conv.messages)
+    """It has tools, or results of tools: a walk over every message, on the pool when they are many (inline in a
+    body under offloop.INLINE_CHARS bytes, which cannot hold many: not even measured)."""
+    if conv.tools:
+        return True
+    if len(conv.raw) < offloop.INLINE_CHARS:
+        return _has_tool_result(conv.wire, conv.messages)
+    return await offloop.run_unless_light(conv.messages, _has_tool_result, conv.wire, conv.messages)
 
 
 def _keys(ctx: RequestContext) -> tuple[str, str]:
@@ -80,7 +84,7 @@ class StatusBar:
     def __init__(self, settings: StatusBarSettings, peers: Peers) -> None:
         self.settings = settings
         self.compressed = peers.compress is not None  # the context advice says the proxy will compact
-        self.pattern = re.compile(settings.error_pattern)
+        self.pattern = ErrorLook(settings.error_pattern)
         self._recorded: LRU[tuple[str, str], list[dict[str, Any]]] = LRU(_SESSIONS_CACHED)
         self._errors: LRU[bytes, bool] = LRU(_ERRORS_CACHED)
 
