@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
+from proxy.lru import LRU
 from proxy.request import Conversation, RequestContext
 from proxy.rewrite.compress.history import system_end
 from proxy.rewrite.events import CompactionInEffect
@@ -60,7 +61,7 @@ class CacheHints:
     def __init__(self, settings: CacheHintsSettings, peers: Peers) -> None:
         self.settings = settings
         # (model, upstream URL) -> the breakpoint style `auto` finds for it (globs matched once per model)
-        self._styles: dict[tuple[str, str], BreakpointStyle | Literal["none"]] = {}
+        self._styles: LRU[tuple[str, str], BreakpointStyle | Literal["none"]] = LRU(_STYLES_CACHED)
 
     def style(self, ctx: RequestContext) -> BreakpointStyle | Literal["none"]:
         s = self.settings
@@ -68,10 +69,9 @@ class CacheHints:
             return s.breakpoints
         key = (ctx.model or "", ctx.route.upstream.base_url)
         style = self._styles.get(key)
-        if style is None:
-            style = self._styles[key] = self._auto(*key)
-            if len(self._styles) > _STYLES_CACHED:  # model names come from clients: bounded
-                del self._styles[next(iter(self._styles))]
+        if style is None:  # model names come from clients: the LRU keeps it bounded
+            style = self._auto(*key)
+            self._styles.put(key, style)
         return style
 
     def _auto(self, model: str, base_url: str) -> BreakpointStyle | Literal["none"]:
