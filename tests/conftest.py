@@ -160,28 +160,42 @@ def _redis_keys() -> dict[int, set[bytes]] | None:
     return out
 
 
-# Every Redis store this process opens writes under a prefix of this run's own (in-process proxies, the
-# store tests' helpers), so `redis_left_as_found` can remove what this run wrote and nothing another run
+# Every Redis store a test process opens writes under a prefix of this run's own (in-process proxies, the
+# store tests' helpers), so the clean-up below can remove what this run wrote and nothing another run
 # sharing the test Redis wrote meanwhile. Proxies started as subprocesses still write under `ctxproxy:`.
-RUN_PREFIX = f"ctxproxy-run-{uuid.uuid4().hex[:12]}:"
+# Under pytest-xdist (addopts: `-n`) the controller picks the run's id and its workers inherit it, each
+# writing under a prefix of its own (`ctxproxy-run-<id>-<worker>:`) so that two tests running at once
+# never share keys; the controller cleans up once every worker has finished.
+_RUN_ID = os.environ.setdefault("CTXPROXY_TEST_RUN_ID", uuid.uuid4().hex[:12])
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+RUN_PREFIX = f"ctxproxy-run-{_RUN_ID}{'-' + _WORKER if _WORKER else ''}:"
 OTHER_RUNS = (b"ctxproxy-run-", b"ctxproxy-test:")  # other runs' (the store contract cleans its own per test)
 RedisStore.__init__.__kwdefaults__["prefix"] = RUN_PREFIX
 
 
 def _ours(key: bytes) -> bool:
-    return key.startswith(RUN_PREFIX.encode()) or not key.startswith(OTHER_RUNS)
+    return key.startswith(f"ctxproxy-run-{_RUN_ID}".encode()) or not key.startswith(OTHER_RUNS)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def redis_left_as_found() -> Iterator[None]:
+_keys_before: dict[int, set[bytes]] | None = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The keys there before the run, read once by the process that runs the whole session."""
+    global _keys_before
+    if not _WORKER:
+        _keys_before = _redis_keys()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """The suite deletes what it writes to Redis: keys of this run (or of no run) that were not there before it ran."""
-    before = _redis_keys()
-    yield
+    if _WORKER:
+        return
     after = _redis_keys()
-    if before is None or after is None:
+    if _keys_before is None or after is None:
         return
     for db, keys in after.items():
-        new = [k for k in keys - before.get(db, set()) if _ours(k)]
+        new = [k for k in keys - _keys_before.get(db, set()) if _ours(k)]
         if new:
             client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db, socket_timeout=5)
             try:
@@ -189,3 +203,16 @@ def redis_left_as_found() -> Iterator[None]:
                     client.delete(*new[i:i + 500])
             finally:
                 client.close()
+
+
+# Tests run in parallel a file at a time (each file's tests in order on one worker, as they were written),
+# but the files whose proxies run as subprocesses on the shared Redis databases (unprefixed keys) run one
+# after another on one worker: two of them at once could read each other's figures.
+_SHARED_REDIS_FILES = frozenset({"test_redaction.py", "test_redis_urls.py", "test_serve.py", "test_serve_workers.py",
+                                 "test_store_said_out_loud.py"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("shared-redis" if name in _SHARED_REDIS_FILES else name))
