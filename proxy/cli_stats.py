@@ -87,7 +87,8 @@ def _stats_lines(url: str, window: str, stats: dict[str, Any], sessions: list[di
         ("offloads", _num(t["offloads"])),
         ("compactions", _num(t["compactions"])),
         ("read back", _read_back(t)),
-        ("own calls", f"{_num(t['own_calls'])} (prompt {_num(t['own_prompt'])}, cached {_num(t['own_cached'])})"),
+        ("own calls", f"{_num(t['own_calls'])} (prompt {_num(t['own_prompt'])}, cached {_num(t['own_cached'])}, "
+                      f"completion {_num(t.get('own_completion', 0))})"),
     ]
     out += ["totals"] + [f"  {k + ':':<19}{v}" for k, v in totals] + [""]
     rows = [[g["route"], g["model"] or "-", _num(w["requests"]), _num(w["prompt"]), _num(w["cached"]),

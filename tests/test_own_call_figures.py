@@ -25,10 +25,15 @@ def billed(upstream) -> tuple[int, int, int]:
             sum(c.usage["prompt_tokens_details"]["cached_tokens"] for c in calls))
 
 
-def own_prompt_metric(proxy: InProcessProxy) -> float:
+def billed_completion(upstream) -> int:
+    """The completion tokens of the summary calls the mock answered (billed at the output price)."""
+    return sum(upstream.requests[i].usage["completion_tokens"] for i in summary_calls(upstream))
+
+
+def own_prompt_metric(proxy: InProcessProxy, name: str = "ctxproxy_own_prompt_tokens") -> float:
     r = proxy.get("/metrics")
     assert r.status_code == 200, r.text
-    return sum(s.value for f in text_string_to_metric_families(r.text) if f.name == "ctxproxy_own_prompt_tokens"
+    return sum(s.value for f in text_string_to_metric_families(r.text) if f.name == name
                for s in f.samples if s.name.endswith("_total"))
 
 
@@ -55,6 +60,10 @@ def assert_counted_once(proxy: InProcessProxy, upstream, key: str, session: str,
     assert len(turn_ids) == turns and all(e["started_by"] in turn_ids for e in own)
     assert totals["requests"] == summary["requests"] == turns  # an own call is no client request
     assert own_prompt_metric(proxy) == prompt
+    completion = billed_completion(upstream)
+    assert completion > 0 and totals["own_completion"] == summary["own_completion"] == completion
+    assert sum(e["completion"] for e in own) == completion
+    assert own_prompt_metric(proxy, "ctxproxy_own_completion_tokens") == completion
 
 
 def test_a_background_summary_nobody_uses_is_counted_once(upstream, tmp_path):
@@ -116,6 +125,7 @@ def test_two_replicas_on_one_store_count_the_one_summary_once(upstream):
             assert (summary["own_calls"], summary["own_prompt"]) == (calls, prompt)
             assert sum(e.get("own_prompt") or 0 for e in timeline) == prompt
         assert own_prompt_metric(p1) + own_prompt_metric(p2) == prompt  # each process's /metrics: its own calls
+        assert totals["own_completion"] == billed_completion(upstream)
 
 
 def test_a_summary_call_answered_with_a_tool_call_is_counted_beside_the_transcript_call_after_it(upstream, tmp_path):

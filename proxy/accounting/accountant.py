@@ -274,8 +274,9 @@ class Accountant:
             e = own_call_entry(ctx, kind, usage, status)
             add_counts(self._batch.amounts, ctx.tenant, ctx.session, group_of(ctx.tenant, ctx.route.name, ctx.model),
                        int(e["ts"] // HOUR), own_call_counts(usage), request=False)
-            self.metrics.of(self.metrics.own_prompt, ctx.route.name, self.metrics.model_label(ctx.model),
-                            kind).inc(usage.prompt)
+            labels = (ctx.route.name, self.metrics.model_label(ctx.model), kind)
+            self.metrics.of(self.metrics.own_prompt, *labels).inc(usage.prompt)
+            self.metrics.of(self.metrics.own_completion, *labels).inc(usage.completion)
             self._log(ctx.tenant, ctx.session, e, {"id": e["request_id"], "kind": kind}, [])
         except Exception:  # accounting must never be the reason a request fails
             log.exception("accounting failed", extra={"fields": {"request_id": ctx.request_id}})

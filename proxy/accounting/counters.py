@@ -25,8 +25,8 @@ RETENTION = 30 * 86_400  # seconds session timelines and summaries are kept
 # Counters per tenant, route, model and hour; see README "What the figures mean". `measured_cached`: the
 # cached tokens of the requests whose cacheable prefix the proxy measured (efficiency's numerator).
 FIELDS = ("requests", "errors", "prompt", "cached", "reported_prompt", "cacheable", "measured_cached", "completion",
-          "own_calls", "own_prompt", "own_cached", "client_tokens", "sent_tokens", "saved_offload", "saved_compress",
-          "breaks", "offloads", "compactions", "read_rounds", "handles_given", "handles_read")
+          "own_calls", "own_prompt", "own_cached", "own_completion", "client_tokens", "sent_tokens", "saved_offload",
+          "saved_compress", "breaks", "offloads", "compactions", "read_rounds", "handles_given", "handles_read")
 # The same counters per session (requests are counted in the session index).
 SESSION_FIELDS = tuple(f for f in FIELDS if f not in ("requests", "reported_prompt"))
 _SESSION_FIELD_SET = frozenset(SESSION_FIELDS)

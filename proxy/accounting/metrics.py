@@ -102,6 +102,8 @@ class Metrics:
         self.completion = Counter("ctxproxy_completion_tokens", "Completion tokens", rm, registry=r)
         self.own_prompt = Counter("ctxproxy_own_prompt_tokens", "Prompt tokens of the proxy's own calls",
                                   (*rm, "kind"), registry=r)
+        self.own_completion = Counter("ctxproxy_own_completion_tokens", "Completion tokens of the proxy's own calls",
+                                      (*rm, "kind"), registry=r)
         self.offloads = Counter("ctxproxy_offloads", "Messages offloaded (first time)", rm, registry=r)
         self.compactions = Counter("ctxproxy_compactions", "Compactions by layer", (*rm, "layer"), registry=r)
         self.saved = Counter("ctxproxy_tokens_saved", "Prompt tokens removed by the proxy", (*rm, "by"), registry=r)

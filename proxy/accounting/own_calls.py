@@ -9,7 +9,8 @@ its result; across replicas too, since one process makes each call (the store's 
 
 A call is one entry of its session's timeline (kind "summary", `started_by` the request that made it,
 synchronously or in the background), and its tokens go to the own_* counters of that request's tenant,
-route, model and session and to ctxproxy_own_prompt_tokens. It is not a client request: the `requests`
+route, model and session and to ctxproxy_own_prompt_tokens and ctxproxy_own_completion_tokens (a summary's output
+is billed too, at the provider's output price). It is not a client request: the `requests`
 counters and the session's request count leave it out.
 """
 
@@ -53,4 +54,5 @@ def own_call_entry(ctx: RequestContext, kind: str, usage: Usage, status: int) ->
 
 def own_call_counts(usage: Usage) -> dict[str, int | float]:
     """The counters one call adds to (proxy/accounting/counters.py FIELDS)."""
-    return {"own_calls": 1, "own_prompt": usage.prompt, "own_cached": usage.cached or 0}
+    return {"own_calls": 1, "own_prompt": usage.prompt, "own_cached": usage.cached or 0,
+            "own_completion": usage.completion}
