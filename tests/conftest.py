@@ -171,10 +171,11 @@ _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 RUN_PREFIX = f"ctxproxy-run-{_RUN_ID}{'-' + _WORKER if _WORKER else ''}:"
 OTHER_RUNS = (b"ctxproxy-run-", b"ctxproxy-test:")  # other runs' (the store contract cleans its own per test)
 RedisStore.__init__.__kwdefaults__["prefix"] = RUN_PREFIX
+_THIS_RUN = (f"ctxproxy-run-{_RUN_ID}:".encode(), f"ctxproxy-run-{_RUN_ID}-".encode())  # the controller's, its workers'
 
 
 def _ours(key: bytes) -> bool:
-    return key.startswith(f"ctxproxy-run-{_RUN_ID}".encode()) or not key.startswith(OTHER_RUNS)
+    return key.startswith(_THIS_RUN) or not key.startswith(OTHER_RUNS)
 
 
 _keys_before: dict[int, set[bytes]] | None = None
