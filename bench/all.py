@@ -16,9 +16,12 @@ JSON in DIR/<step>.json:
   replay-128k   bench.replay --window 128000 --settings compress,ctxproxy+status_bar.mode=append
   offload       bench.replay --settings offload (the offload checks, 128k), and the same two ctxproxy
                 settings with the status bar off
-  overhead      bench.overhead --litellm (direct / ctxproxy / floor / LiteLLM interleaved)
+  overhead      bench.overhead (direct / ctxproxy / floor interleaved: issue 27's floor targets, as checked)
+  overhead-litellm  the same with LiteLLM in the rotation (the peer's latency and throughput beside ours)
   scaling       bench.scaling (CPU per request, 10 to 1,000 messages)
   tokens        bench.token_count
+  precompute    bench.precompute (what the request crossing the trigger waits), and precompute-think at 1.5 s
+  workers       bench.workers (1 against 2 workers on Redis; needs Redis on 127.0.0.1:6379)
   exact-json    bench.exact_json (the exact parse of a body full of long digit runs, against orjson)
   plot          bench.plot DIR/replay-32k.json -o DIR/results.png
 
@@ -28,9 +31,13 @@ keeps the current directory (the working tree, with its own ``proxy/``) off
 the front of the import path, so it cannot shadow the snapshot. The trajectory
 corpus is ``--traces-dir``, default ``$CTXPROXY_TRACES_DIR``.
 
-The timing steps (overhead, scaling, tokens) run after the token-deterministic
-replays, so nothing else of this script competes with them for the CPU. The
-total is about 10 minutes (`--quick`: fewer timed requests, about 6).
+The timing steps (overhead, scaling, tokens, precompute, workers) run after the
+token-deterministic replays, so nothing else of this script competes with them
+for the CPU. The floor targets come from a run without LiteLLM, as the issue
+checks them: LiteLLM spends about 18 ms of CPU per request on the same two
+cores, and with it in the rotation the mock's and the client's own CPU per
+request came out about twice as high (2026-12-03), which moves every ratio. The total is
+about 20 minutes (`--quick`: fewer timed requests, about 12).
 """
 
 from __future__ import annotations
@@ -72,12 +79,18 @@ def steps(out: str, src: str, quick: bool) -> list[tuple[str, list[str]]]:
         ("offload", replay + ["--settings", "offload,ctxproxy+status_bar.enabled=false,"
                               "ctxproxy+status_bar.enabled=false+offload.tool_result_tokens=1000",
                               "--json", f"{out}/offload.json"]),
-        ("overhead", module("overhead") + ["--litellm", *(["--quick"] if quick else []),
+        ("overhead", module("overhead") + [*(["--quick"] if quick else []),
                                            "--proxy-cmd", f"{shlex.quote(py)} -m {PROXY_CLI}",
                                            "--json", f"{out}/overhead.json"]),
+        ("overhead-litellm", module("overhead") + ["--litellm", *(["--quick"] if quick else []),
+                                                   "--proxy-cmd", f"{shlex.quote(py)} -m {PROXY_CLI}",
+                                                   "--json", f"{out}/overhead-litellm.json"]),
         ("scaling", module("scaling") + ["--proxy-src", src, *(["--runs", "8"] if quick else []),
                                          "--json", f"{out}/scaling.json"]),
         ("tokens", module("token_count")),
+        ("precompute", module("precompute") + ["--json", f"{out}/precompute.json"]),
+        ("precompute-think", module("precompute") + ["--think", "1.5", "--json", f"{out}/precompute-think.json"]),
+        ("workers", module("workers") + [*(["--rounds", "2"] if quick else []), "--json", f"{out}/workers.json"]),
         ("exact-json", module("exact_json")),
         ("plot", module("plot") + [f"{out}/replay-32k.json", "-o", f"{out}/results.png"]),
     ]

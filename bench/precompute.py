@@ -4,7 +4,8 @@
                                [--think 0.6] [--json out.json]
 
 One run, two proxies side by side: the same agent session is replayed turn by turn
-through a proxy with the default `compress.precompute` (0.78) and through one with
+through a proxy with the default `compress.precompute` (the shipped value, read from
+proxy/rewrite/settings.py) and through one with
 `precompute: null`, concurrently, so machine noise hits both alike. Both talk to one
 fake provider, in this process on a free 127.0.0.1 port, that answers the agent's own
 calls at once and the proxies' summary calls (recognised and answered by
@@ -134,8 +135,16 @@ class Provider:
         await send({"type": "http.response.body", "body": data})
 
 
-def proxy_app(upstream: str, store: str, window: int, precompute: float | None) -> Any:
-    compress: dict[str, Any] = {} if precompute == 0.78 else {"precompute": precompute}
+def shipped_precompute() -> float | None:
+    """compress.precompute as the proxy ships it (the label of the default row says this number)."""
+    from proxy.rewrite.settings import CompressSettings
+
+    return CompressSettings().precompute
+
+
+def proxy_app(upstream: str, store: str, window: int, precompute: float | None | str) -> Any:
+    """`precompute`: a value, None (off), or "default" (no setting given: the shipped default)."""
+    compress: dict[str, Any] = {} if precompute == "default" else {"precompute": precompute}
     cfg = {"upstream": {"base_url": upstream + "/v1"}, "store": store,
            "models": {MODEL: {"context_window": window}}, "defaults": {"compress": compress}}
     return create_app(build_settings(cfg, env={}))
@@ -190,7 +199,8 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     trace = load_trace(args.trace)
     provider = Provider(args.summary_delay)
-    settings = {"precompute 0.78 (default)": 0.78, "precompute null": None}
+    settings: dict[str, float | None | str] = {f"precompute {shipped_precompute():g} (default)": "default",
+                                                "precompute null": None}
     with tempfile.TemporaryDirectory() as tmp, Served(provider) as upstream:
         servers = [Served(proxy_app(upstream, f"sqlite:///{tmp}/{n}.db", args.window, p))
                    for n, p in enumerate(settings.values())]

@@ -13,6 +13,7 @@ import orjson
 from proxy.errors import BadRequest
 from proxy.wire import jsonio
 
+_COUNT_BELOW = 1 << 16  # bytes: check_depth counts the brackets of a body this size or smaller, walks a bigger one
 MAX_DEPTH = jsonio.SAFE_DEPTH  # deeper bodies are refused: orjson cannot write them back safely (jsonio)
 
 
@@ -34,8 +35,9 @@ def check_depth(body: Any, raw: bytes | None = None) -> None:
 
     `raw`: the JSON it was parsed from. Each level of nesting opens with a `{` or a `[`, so a document with
     no more of them than MAX_DEPTH (counted in C, strings included) cannot be deeper: a small body is not
-    walked."""
-    if raw is not None and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH:
+    walked. A big one is: counting its bytes (0.64 ms a megabyte) costs more than the walk, and a body that
+    size has more brackets than MAX_DEPTH anyway."""
+    if raw is not None and len(raw) <= _COUNT_BELOW and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH:
         return
     if jsonio.deeper_than(body, MAX_DEPTH):
         raise BadRequest(f"request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json")
