@@ -77,3 +77,43 @@ def test_check_depth_refuses_a_big_deep_body_it_no_longer_counts() -> None:
         wire_body.check_depth(value, raw)
     shallow = {"messages": padding}
     wire_body.check_depth(shallow, orjson.dumps(shallow))  # no error
+
+
+NUMBERS = ["18446744073709551615", "18446744073709551616", "-9223372036854775808", "-9223372036854775809",
+           "123456789012345678901234567890", "1e19", "1.5e300", "9223372036854775807.0", "0.7", "42"]
+
+
+@pytest.mark.parametrize("number", NUMBERS)
+@pytest.mark.parametrize("where", ["top", "message", "deep_in_a_part", "in_a_string"])
+def test_loads_checked_gives_loads_value_and_deeper_than_verdict(number: str, where: str) -> None:
+    """A body over jsonio._WALKED_FROM bytes is walked, not scanned: the same exact value (a big integer stays
+    an int with its digits, a float stays a float) and the same depth verdict as loads and deeper_than."""
+    import json
+
+    padding = ",".join(f'{{"role":"user","content":"{"p" * 90} {i}"}}' for i in range(800))
+    spots = {"top": (f'"seed":{number},', "", ""),
+             "message": ("", f'{{"role":"tool","tool_call_id":"c","content":"x","n":{number}}},', ""),
+             "deep_in_a_part": ("", '{"role":"user","content":[{"type":"text","text":"t","x":[[{"v":['
+                                    + number + ']}]]}]},', ""),
+             "in_a_string": ("", f'{{"role":"user","content":"id {number} here"}},', "")}
+    top, message, _ = spots[where]
+    raw = f'{{{top}"model":"m","messages":[{message}{padding}]}}'.encode()
+    assert len(raw) >= jsonio._WALKED_FROM
+    value, too_deep = jsonio.loads_checked(raw, wire_body.MAX_DEPTH)
+    expected = jsonio.loads(raw)
+    assert json.dumps(value) == json.dumps(expected)  # int and float told apart: "10" is not "10.0"
+    assert too_deep is jsonio.deeper_than(expected, wire_body.MAX_DEPTH) is False
+
+
+def test_loads_checked_refuses_as_loads_does_and_finds_depth_in_a_big_body() -> None:
+    padding = ",".join(f'{{"role":"user","content":"{"p" * 90}"}}' for i in range(800))
+    for bad in (b'{"messages":[' + padding.encode() + b',NaN]}', b'{"messages":[' + padding.encode() + b']'):
+        with pytest.raises(orjson.JSONDecodeError):
+            jsonio.loads(bad)
+        with pytest.raises(orjson.JSONDecodeError):
+            jsonio.loads_checked(bad, wire_body.MAX_DEPTH)
+    deep = "[" * (wire_body.MAX_DEPTH + 3) + "1" + "]" * (wire_body.MAX_DEPTH + 3)
+    raw = f'{{"messages":[{padding}],"extra":{deep}}}'.encode()
+    assert jsonio.loads_checked(raw, wire_body.MAX_DEPTH)[1] is True
+    with pytest.raises(BadRequest, match="nested deeper"):
+        wire_body.load_object(raw)

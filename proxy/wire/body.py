@@ -19,14 +19,29 @@ MAX_DEPTH = jsonio.SAFE_DEPTH  # deeper bodies are refused: orjson cannot write 
 
 def load_object(raw: bytes) -> dict[str, Any]:
     """The body parsed (integers beyond 64 bits kept exact); a 400 if it is not JSON or not an object."""
-    try:
-        body = jsonio.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    body, too_deep = loads_checked(raw)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    check_depth(body, raw)
+    if too_deep:
+        raise too_deep_error()
     return body
+
+
+def loads_checked(raw: bytes) -> tuple[Any, bool]:
+    """The body's value (integers beyond 64 bits kept exact; a 400 if it is not JSON) and whether it nests deeper
+    than MAX_DEPTH: a body under _COUNT_BELOW bytes by its brackets or a walk (check_depth's rule), a bigger
+    one by the one walk that also looks for big integers (jsonio.loads_checked)."""
+    try:
+        if len(raw) <= _COUNT_BELOW:
+            value = jsonio.loads(raw)
+            return value, raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and jsonio.deeper_than(value, MAX_DEPTH)
+        return jsonio.loads_checked(raw, MAX_DEPTH)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+def too_deep_error() -> BadRequest:
+    return BadRequest(f"request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json")
 
 
 def check_depth(body: Any, raw: bytes | None = None) -> None:
@@ -40,7 +55,7 @@ def check_depth(body: Any, raw: bytes | None = None) -> None:
     if raw is not None and len(raw) <= _COUNT_BELOW and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH:
         return
     if jsonio.deeper_than(body, MAX_DEPTH):
-        raise BadRequest(f"request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json")
+        raise too_deep_error()
 
 
 def _pieces(part: Any) -> list[Any]:

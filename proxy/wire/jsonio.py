@@ -49,6 +49,8 @@ SAFE_DEPTH = 200
 _CONTAINERS = (dict, list)
 _CONTAINER_SET = frozenset(_CONTAINERS)
 _WIDE_LEVEL = 64  # containers in one level from which deeper_than walks it with C-level iterators
+_WALKED_FROM = 1 << 16  # bytes: loads_checked walks the value of a body this size or bigger instead of scanning it
+_BIG_FLOAT = float(2**63)  # orjson reads an integer beyond 64 bits as a float at least this big
 
 
 def may_hold_big_ints(raw: bytes) -> bool:
@@ -117,6 +119,55 @@ def loads(raw: bytes) -> Any:
         except (ValueError, RecursionError):  # deeper than the standard library reads: orjson's value stands
             return value
     return value
+
+
+def loads_checked(raw: bytes, limit: int) -> tuple[Any, bool]:
+    """`loads(raw)`, and whether the value nests deeper than `limit` (deeper_than), in one walk of the value.
+
+    A body of 64 KB to SLICED_FROM: orjson parses it, and one C-level walk of the value both measures its depth
+    and looks for the one trace an integer beyond 64 bits leaves in orjson's value, a float of magnitude 2**63
+    or more; only then are the raw bytes scanned for one (may_hold_big_ints) and, if one is there, the body
+    parsed exactly. `loads` scans the bytes of every body first: at 1 MB that scan (a translate of every byte)
+    cost as much again as the walk. Values and verdicts are loads' and deeper_than's (tests/test_depth_walk.py);
+    a smaller or bigger body takes loads and deeper_than as they are."""
+    if not _WALKED_FROM <= len(raw) < SLICED_FROM:
+        value = loads(raw)
+        return value, deeper_than(value, limit)
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        value = loads(raw)  # refused, or an integer beyond a double: loads' own verdict and exact reading
+        return value, deeper_than(value, limit)
+    too_deep, big = _deep_or_big(value, limit)
+    if big and may_hold_big_ints(raw):
+        try:
+            value = _exact_loads(raw)
+        except (ValueError, RecursionError):  # deeper than the standard library reads: orjson's value stands
+            pass
+    return value, too_deep
+
+
+def _deep_or_big(value: Any, limit: int) -> tuple[bool, bool]:
+    """(nested deeper than `limit`, holds a float of magnitude >= 2**63), walking each level with C-level
+    iterators; it stops at the first level past `limit` (the second answer is then incomplete: the body is
+    refused anyway)."""
+    if type(value) is float:
+        return False, abs(value) >= _BIG_FLOAT
+    level = [value] if type(value) in _CONTAINERS else []
+    depth, big = 0, False
+    while level:
+        depth += 1
+        if depth > limit:
+            return True, big
+        types = list(map(type, level))
+        dicts = compress(level, map(operator.is_, types, repeat(dict)))
+        lists = compress(level, map(operator.is_, types, repeat(list)))
+        values = list(chain(chain.from_iterable(map(dict.values, dicts)), chain.from_iterable(lists)))
+        kinds = list(map(type, values))
+        if not big and float in kinds:
+            big = any(abs(f) >= _BIG_FLOAT for f in compress(values, map(operator.is_, kinds, repeat(float))))
+        level = list(compress(values, map(_CONTAINER_SET.__contains__, kinds)))
+    return False, big
 
 
 def _refuse_constant(name: str) -> Any:

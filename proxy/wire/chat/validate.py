@@ -11,22 +11,18 @@ import operator
 from itertools import chain, compress, repeat
 from typing import Any
 
-import orjson
-
 from proxy.errors import BadRequest
-from proxy.wire import jsonio
-from proxy.wire.body import check_depth, check_writable
+from proxy.wire.body import check_writable, loads_checked, too_deep_error
 
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
     """Parse and check a chat-completions body, all but its messages' items."""
-    try:
-        body: dict[str, Any] = jsonio.loads(raw)  # orjson; integers beyond 64 bits kept exact
-    except orjson.JSONDecodeError as e:
-        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
-    check_depth(body, raw)
+    value, too_deep = loads_checked(raw)  # orjson; integers beyond 64 bits kept exact
+    if too_deep:
+        raise too_deep_error()
+    body: dict[str, Any] = value
     try:
         check_chat_body(body, messages_too=False)
         check_writable({k: v for k, v in body.items() if k != "messages"})
