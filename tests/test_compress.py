@@ -254,7 +254,9 @@ def test_a_holder_killed_mid_compaction_frees_the_session_within_seconds(upstrea
     lock = CompactionLog(open_store(store_url), tenant_id("sk-a", SALT), session, "default", None).lock_name
 
     async def left_by_the_killed_process() -> str | None:
-        store = open_store(store_url)  # taken as a holder takes it, then never renewed: the holder is gone
+        # taken as a holder takes it, then never renewed: the holder is gone. Its own connection waits up to 5 s
+        # for the file's write lock, which the proxy starting beside it may hold for a moment on a loaded machine
+        store = open_store(store_url, 5.0)
         try:
             return await store.acquire_lock(lock, compress.LOCK_LEASE_S)
         finally:

@@ -13,7 +13,10 @@ going down and coming back are logged once each, at warning
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from typing import Any
 
 from proxy import loop_free
 from proxy.logs import event, log
@@ -21,6 +24,11 @@ from proxy.request import Conversation, RequestContext
 from proxy.rewrite.events import Degraded
 
 STORE_DOWN = "store-unavailable"
+# How long a request already over its window waits for a stalled store before it goes unmodified (and is
+# rejected for length): a store that stalls for a few seconds then costs that request a few seconds, not
+# the agent's run. A store that stays down costs each such request this long, once, and the same rejection.
+STORE_WAIT_S = 5.0
+_STORE_ASKED_EVERY_S = 0.1
 
 
 async def forward_unmodified(conv: Conversation, ctx: RequestContext, cause: str, error: BaseException) -> Conversation:
@@ -35,3 +43,23 @@ async def forward_unmodified(conv: Conversation, ctx: RequestContext, cause: str
     await fresh.prepare_digests()
     await fresh.prepare_counts()
     return fresh
+
+
+def over_window(conv: Conversation, ctx: RequestContext) -> bool:
+    """Whether `conv` as it stands (its counts prepared) is longer than the request's window can take: sent so,
+    the provider rejects it for length."""
+    reserve = conv.wire.output_reserve(conv.body)
+    return sum(conv.counts(conv.messages)) + conv.fixed_tokens() + reserve > ctx.window
+
+
+async def wait_for_store(store: Any, seconds: float | None = None) -> bool:
+    """Ask the store (its readiness ping, each within the store's own deadline) until it answers or `seconds`
+    have passed; True once it answers (a guarded store's breaker is then closed: the rewrite can run)."""
+    deadline = time.monotonic() + (STORE_WAIT_S if seconds is None else seconds)
+    while True:
+        if await store.ping():
+            event("store answered a request that was over its window; rewriting it after all", logging.INFO)
+            return True
+        if time.monotonic() + _STORE_ASKED_EVERY_S >= deadline:
+            return False
+        await asyncio.sleep(_STORE_ASKED_EVERY_S)

@@ -31,13 +31,14 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel
 
+from proxy import loop_free
 from proxy.config import Route
 from proxy.request import Conversation, RequestContext
 from proxy.rewrite.cache_hints import CacheHints
 from proxy.rewrite.compress.transform import Compress
 from proxy.rewrite.context_read.loop import ReadLoop, Send
 from proxy.rewrite.context_read.transform import ContextRead
-from proxy.rewrite.degrade import STORE_DOWN, forward_unmodified
+from proxy.rewrite.degrade import STORE_DOWN, forward_unmodified, over_window, wait_for_store
 from proxy.rewrite.offload import Offload
 from proxy.rewrite.settings import Peers
 from proxy.rewrite.status_bar.transform import StatusBar
@@ -110,11 +111,14 @@ def response_loop(pipeline: list[Transform], conv: Conversation, ctx: RequestCon
     return None
 
 
-async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: RequestContext) -> Conversation:
+async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: RequestContext,
+                       waited: bool = False) -> Conversation:
     """Apply each transform; if any fails (or the store does), forward the client's request unmodified.
 
     While the store is known to be down (its breaker open) no transform runs at all: every
-    request then says so, not only those that happened to need the store.
+    request then says so, not only those that happened to need the store. One exception: a request
+    already over its window would go unmodified only to be rejected for length, so it waits for the
+    store (proxy/rewrite/degrade.py wait_for_store) and, once the store answers, is rewritten after all.
     """
     current = "pipeline"
     try:
@@ -141,7 +145,10 @@ async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: Reque
             current = "pipeline"
             await conv.prepare_counts()  # accounting counts what is sent
     except StoreError as e:
-        return await forward_unmodified(conv, ctx, STORE_DOWN, e)
+        fresh = await forward_unmodified(conv, ctx, STORE_DOWN, e)
+        if waited or not over_window(fresh, ctx) or not await wait_for_store(ctx.store):
+            return fresh
+        return await run_pipeline(pipeline, await loop_free.parse(conv.raw, conv.wire), ctx, waited=True)
     except Exception as e:  # noqa: BLE001 - containment: a transform's bug must not fail the agent's request
         return await forward_unmodified(conv, ctx, current, e)
     return conv

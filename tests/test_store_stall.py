@@ -1,0 +1,90 @@
+"""A store that stalls for a moment must not turn a request over the window into a certain rejection.
+
+While the store is down the proxy forwards requests unmodified (proxy/rewrite/degrade.py). For a request
+the proxy has counted over its window that is a rejection for length, sure to come: such a request waits
+for the store (up to degrade.STORE_WAIT_S) and is rewritten once it answers. A request under its window
+still goes at once, and one over it while the store stays down goes unmodified after the wait, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from test_compress import MODEL, WINDOW, agent_run, config, post, responder
+
+from proxy.rewrite import degrade
+
+pytestmark = pytest.mark.proxy_config(**config())
+
+
+class Stalling:
+    """The proxy's real store, every call of which hangs while `until` (a monotonic time) is ahead."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.until, self.stalled_calls = inner, 0.0, 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr) or name.startswith("_"):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            left = self.until - time.monotonic()
+            if left > 0:
+                self.stalled_calls += 1
+                await asyncio.sleep(left)
+            return await attr(*args, **kwargs)
+
+        return call
+
+
+@pytest.fixture
+def stalling(proxy: Any, upstream: Any) -> Stalling:
+    upstream.windows[MODEL] = WINDOW
+    guarded = proxy.state.store
+    store = guarded.inner = Stalling(guarded.inner)
+    return store
+
+
+def over_the_window(proxy: Any, upstream: Any) -> list[dict]:
+    """A history whose last request is over WINDOW, its earlier turns sent (and compacted) first."""
+    run = agent_run(30)
+    upstream.script(*[responder] * 200)
+    for i in range(4, 40, 2):
+        assert post(proxy, run[:i]).status_code == 200
+    return run
+
+
+def test_a_request_over_the_window_waits_out_a_stall_and_is_compacted(proxy, upstream, stalling, monkeypatch):
+    run = over_the_window(proxy, upstream)
+    stalling.until = time.monotonic() + 1.5  # past the 0.5 s deadline: the breaker opens
+    r = post(proxy, run)
+    assert stalling.stalled_calls, "the store was never asked while it stalled"
+    assert r.status_code == 200, r.text[:300]
+    assert "x-ctxproxy-degraded" not in r.headers, r.headers.get("x-ctxproxy-degraded")
+    last = upstream.requests[-1].json
+    assert len(last["messages"]) < len(run)  # rewritten: not the client's whole history
+
+
+def test_under_the_window_a_stall_still_forwards_at_once(proxy, upstream, stalling):
+    run = agent_run(3)
+    upstream.script(*[responder] * 10)
+    stalling.until = time.monotonic() + 1.5
+    started = time.monotonic()
+    r = post(proxy, run)
+    assert r.status_code == 200
+    assert r.headers.get("x-ctxproxy-degraded") == "store-unavailable"
+    assert time.monotonic() - started < degrade.STORE_WAIT_S  # no wait for a request that fits
+
+
+def test_a_store_that_stays_down_costs_the_wait_once_then_forwards_unmodified(proxy, upstream, stalling,
+                                                                            monkeypatch):
+    monkeypatch.setattr(degrade, "STORE_WAIT_S", 1.0)
+    run = over_the_window(proxy, upstream)
+    stalling.until = time.monotonic() + 30
+    r = post(proxy, run)
+    assert r.headers.get("x-ctxproxy-degraded") == "store-unavailable"
+    assert len(upstream.requests[-1].json["messages"]) == len(run)  # unmodified, as the store-down policy says
