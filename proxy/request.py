@@ -170,6 +170,11 @@ class Conversation:
         """
         return self.head_tokens() + sum(self.counts(messages))
 
+    def window_need(self) -> int:
+        """Tokens the window must hold for this request as it stands: its items, what every request of the body
+        carries besides them (fixed_tokens) and the answer's reserve. More than the window: rejected for length."""
+        return sum(self.counts(self.messages)) + self.fixed_tokens() + self.wire.output_reserve(self.body)
+
     def fixed_tokens(self) -> int:
         """Tokens every request of this body carries besides its items: tools, system prompt, reply priming
         (what must fit in the window with the items; not the prompt's size, `prompt_tokens`)."""

@@ -91,8 +91,7 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, sen
     """On a context overflow, learn the window it names, rewrite to fit, and try once more."""
     content = await read_body(resp, url)
     reserve = conv.wire.output_reserve(conv.body)
-    sent = sum(conv.counts(conv.messages)) + conv.fixed_tokens() + reserve
-    limit = overflow_limit(content, sent, reserve)
+    limit = overflow_limit(content, conv.window_need(), reserve)
     if limit is None or limit >= ctx.window:
         return httpx.Response(resp.status_code, headers=resp.headers, content=content), conv, ctx
     await st.windows.learn(ctx.tenant, ctx.route.name, ctx.model or "", limit)

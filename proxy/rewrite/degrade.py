@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from proxy import loop_free
 from proxy.logs import event, log
 from proxy.request import Conversation, RequestContext
 from proxy.rewrite.events import Degraded
+from proxy.store import Store
 
 STORE_DOWN = "store-unavailable"
 # How long a request already over its window waits for a stalled store before it goes unmodified (and is
@@ -45,14 +45,7 @@ async def forward_unmodified(conv: Conversation, ctx: RequestContext, cause: str
     return fresh
 
 
-def over_window(conv: Conversation, ctx: RequestContext) -> bool:
-    """Whether `conv` as it stands (its counts prepared) is longer than the request's window can take: sent so,
-    the provider rejects it for length."""
-    reserve = conv.wire.output_reserve(conv.body)
-    return sum(conv.counts(conv.messages)) + conv.fixed_tokens() + reserve > ctx.window
-
-
-async def wait_for_store(store: Any, seconds: float | None = None) -> bool:
+async def wait_for_store(store: Store, seconds: float | None = None) -> bool:
     """Ask the store (its readiness ping, each within the store's own deadline) until it answers or `seconds`
     have passed; True once it answers (a guarded store's breaker is then closed: the rewrite can run)."""
     deadline = time.monotonic() + (STORE_WAIT_S if seconds is None else seconds)

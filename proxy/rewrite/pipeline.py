@@ -38,7 +38,7 @@ from proxy.rewrite.cache_hints import CacheHints
 from proxy.rewrite.compress.transform import Compress
 from proxy.rewrite.context_read.loop import ReadLoop, Send
 from proxy.rewrite.context_read.transform import ContextRead
-from proxy.rewrite.degrade import STORE_DOWN, forward_unmodified, over_window, wait_for_store
+from proxy.rewrite.degrade import STORE_DOWN, forward_unmodified, wait_for_store
 from proxy.rewrite.offload import Offload
 from proxy.rewrite.settings import Peers
 from proxy.rewrite.status_bar.transform import StatusBar
@@ -146,7 +146,7 @@ async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: Reque
             await conv.prepare_counts()  # accounting counts what is sent
     except StoreError as e:
         fresh = await forward_unmodified(conv, ctx, STORE_DOWN, e)
-        if waited or not over_window(fresh, ctx) or not await wait_for_store(ctx.store):
+        if waited or fresh.window_need() <= ctx.window or not await wait_for_store(ctx.store):
             return fresh
         return await run_pipeline(pipeline, await loop_free.parse(conv.raw, conv.wire), ctx, waited=True)
     except Exception as e:  # noqa: BLE001 - containment: a transform's bug must not fail the agent's request

@@ -13,7 +13,9 @@ import orjson
 from proxy.errors import BadRequest
 from proxy.wire import jsonio
 
-_COUNT_BELOW = 1 << 16  # bytes: check_depth counts the brackets of a body this size or smaller, walks a bigger one
+# bytes: a body this size or smaller has its brackets counted; a bigger one is walked (jsonio.loads_checked walks
+# from this size on, where counting every byte costs more than the walk)
+_COUNT_BELOW = jsonio._WALKED_FROM
 MAX_DEPTH = jsonio.SAFE_DEPTH  # deeper bodies are refused: orjson cannot write them back safely (jsonio)
 
 
@@ -32,12 +34,17 @@ def loads_checked(raw: bytes) -> tuple[Any, bool]:
     than MAX_DEPTH: a body under _COUNT_BELOW bytes by its brackets or a walk (check_depth's rule), a bigger
     one by the one walk that also looks for big integers (jsonio.loads_checked)."""
     try:
-        if len(raw) <= _COUNT_BELOW:
-            value = jsonio.loads(raw)
-            return value, raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and jsonio.deeper_than(value, MAX_DEPTH)
+        if _few_brackets(raw):
+            return jsonio.loads(raw), False
         return jsonio.loads_checked(raw, MAX_DEPTH)
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+def _few_brackets(raw: bytes) -> bool:
+    """A small document with no more `{` and `[` than MAX_DEPTH, counted in C, strings included: it cannot nest
+    deeper (each level opens with one), so its value need not be walked."""
+    return len(raw) <= _COUNT_BELOW and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH
 
 
 def too_deep_error() -> BadRequest:
@@ -52,7 +59,7 @@ def check_depth(body: Any, raw: bytes | None = None) -> None:
     no more of them than MAX_DEPTH (counted in C, strings included) cannot be deeper: a small body is not
     walked. A big one is: counting its bytes (0.64 ms a megabyte) costs more than the walk, and a body that
     size has more brackets than MAX_DEPTH anyway."""
-    if raw is not None and len(raw) <= _COUNT_BELOW and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH:
+    if raw is not None and _few_brackets(raw):
         return
     if jsonio.deeper_than(body, MAX_DEPTH):
         raise too_deep_error()

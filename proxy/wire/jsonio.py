@@ -159,10 +159,7 @@ def _deep_or_big(value: Any, limit: int) -> tuple[bool, bool]:
         depth += 1
         if depth > limit:
             return True, big
-        types = list(map(type, level))
-        dicts = compress(level, map(operator.is_, types, repeat(dict)))
-        lists = compress(level, map(operator.is_, types, repeat(list)))
-        values = list(chain(chain.from_iterable(map(dict.values, dicts)), chain.from_iterable(lists)))
+        values = _children(level)
         kinds = list(map(type, values))
         if not big and float in kinds:
             big = any(abs(f) >= _BIG_FLOAT for f in compress(values, map(operator.is_, kinds, repeat(float))))
@@ -225,12 +222,18 @@ def deeper_than(value: Any, limit: int = SAFE_DEPTH) -> bool:
                 below.extend(v for v in (o.values() if type(o) is dict else o) if type(v) in _CONTAINERS)
             level = below
             continue
-        types = list(map(type, level))
-        dicts = compress(level, map(operator.is_, types, repeat(dict)))
-        lists = compress(level, map(operator.is_, types, repeat(list)))
-        values = list(chain(chain.from_iterable(map(dict.values, dicts)), chain.from_iterable(lists)))
+        values = _children(level)
         level = list(compress(values, map(_CONTAINER_SET.__contains__, map(type, values))))
     return False
+
+
+def _children(level: list[Any]) -> list[Any]:
+    """Every value held by the dicts and lists of `level` (dicts' first), by C-level iterators: no Python step
+    per container."""
+    types = list(map(type, level))
+    dicts = compress(level, map(operator.is_, types, repeat(dict)))
+    lists = compress(level, map(operator.is_, types, repeat(list)))
+    return list(chain(chain.from_iterable(map(dict.values, dicts)), chain.from_iterable(lists)))
 
 
 def _exact_ints(value: Any, depth: int = 0) -> Any:
