@@ -34,6 +34,7 @@ from proxy.config import UpstreamSettings
 from proxy.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
 from proxy.logs import event
 from proxy.upstream.direct import raise_httpx_error, send_direct, wire_headers
+from proxy.upstream.http1 import Body, Http1, Unanswered, header_block
 
 # Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus ones
 # the transport recomputes.
@@ -223,6 +224,7 @@ class Upstream:
         # The clients own their transports' lifetime (aclose); requests go to the transports directly (_send).
         self.client, self._transport = client(fresh=False)
         self.fresh, self._fresh_transport = client(fresh=True)  # a new connection per request: the one retry
+        self.http1 = Http1(ssl_context, limits)  # every request it can carry (proxy/upstream/http1.py)
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]], content: bytes | None,
                    settings: UpstreamSettings) -> httpx.Response:
@@ -231,6 +233,11 @@ class Upstream:
         A connection dropped before any response byte is retried once on a fresh one (module docstring).
         """
         timeout = _timeout(settings.connect_timeout, settings.read_timeout)
+        where, text = _url(url)
+        wire = wire_headers(method, where, headers, content)
+        block = header_block(method, wire) if wire is not None else None
+        if block is not None:
+            return await self._send_http1(method, url, where, block, content, timeout)
         attempt = _Attempt()
         token = _ATTEMPT.set(attempt)
         try:
@@ -248,7 +255,23 @@ class Upstream:
         except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
             raise _transport_error(e, url) from e
 
+    async def _send_http1(self, method: str, url: str, where: httpx.URL, block: bytes, content: bytes | None,
+                          timeout: httpx.Timeout) -> httpx.Response:
+        try:
+            return await self.http1.send(method, where, block, content, timeout)
+        except Unanswered as e:
+            dropped = e
+        except httpx.TransportError as e:
+            raise _transport_error(e, url) from e
+        event("upstream connection dropped before answering; retrying once on a fresh connection",
+              upstream=_host(url), reason=_transport_error(dropped, url).message)
+        try:
+            return await self.http1.send(method, where, block, content, timeout, fresh=True)
+        except httpx.TransportError as e:
+            raise _transport_error(e, url) from e
+
     async def aclose(self) -> None:
+        self.http1.close()
         await self.client.aclose()
         await self.fresh.aclose()
 
@@ -315,6 +338,10 @@ async def _read_whole(resp: httpx.Response) -> bytes:
     chunker layers are a pass-through then, and cost more than the read itself for a small answer. The
     bytes, `resp.content` and the errors (mapped to httpx's, as the transport maps them) are the same."""
     stream = resp.stream
+    if isinstance(stream, Body) and resp.headers.get("content-encoding", "identity") == "identity":
+        content = await stream.read()
+        resp._content = content
+        return content
     if not isinstance(stream, AiohttpResponseStream) or resp.headers.get("content-encoding", "identity") != "identity":
         return await resp.aread()
     try:
@@ -329,6 +356,10 @@ async def _close(resp: httpx.Response) -> None:
     """`resp.aclose()`: for aiohttp's stream, what it does (closed once, the connection released, errors mapped)
     without its two context managers (httpx's request context, the transport's mapping)."""
     stream = resp.stream
+    if isinstance(stream, Body):
+        resp.is_closed = True
+        await stream.aclose()
+        return
     if not isinstance(stream, AiohttpResponseStream):
         await resp.aclose()
         return
