@@ -315,3 +315,55 @@ async def test_at_the_connection_limit_a_request_waits_for_one_given_back():
         assert await (await second).stream.read() == JSON
     h.close()
     assert server.connections == 1 and len(server.requests) == 2
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 (openssl's CLI), and its key."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make the TLS test's certificate")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = str(d / "cert.pem"), str(d / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+async def test_https_is_verified_against_the_context_s_authorities(certificate):
+    import ssl
+
+    from proxy.upstream.http1 import Http1
+
+    cert, key = certificate
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+
+    async def handle(reader, writer):
+        try:
+            await read_request(reader)
+            writer.write(ok())
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=served)
+    url = httpx.URL(f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions")
+    trusting = ssl.create_default_context(cafile=cert)
+    limits = httpx.Limits(max_connections=10, max_keepalive_connections=10)
+    timeout = httpx.Timeout(5.0)
+    try:
+        h = Http1(trusting, limits)
+        resp = await h.send("POST", url, b"content-length: 0\r\n", None, timeout)
+        assert (resp.status_code, await resp.stream.read()) == (200, JSON)
+        h.close()
+        stranger = Http1(ssl.create_default_context(), limits)  # the system's authorities: not this one
+        with pytest.raises(httpx.ConnectError, match="certificate verify failed"):
+            await stranger.send("POST", url, b"content-length: 0\r\n", None, timeout)
+    finally:
+        server.close()
