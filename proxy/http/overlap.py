@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 R = TypeVar("R")
 W = TypeVar("W")
 
-# Loop turns given to the send before the work starts: the request's headers go out in the first, aiohttp writes
-# its body from a task of its own in the second, and uvloop puts the bytes on the wire as each turn ends.
-SEND_TURNS = 2
+# Loop turns given to the send before the work starts: in the first the send's task takes a kept-alive connection
+# and writes the whole request to it (proxy/upstream/http1.py; the transport sends what the socket takes at once).
+SEND_TURNS = 1
 
 
 async def while_answered(answer: Coroutine[Any, Any, R], work: Callable[[], Awaitable[W]]) -> tuple[R, W]:

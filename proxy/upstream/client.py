@@ -1,17 +1,19 @@
 """The one shared HTTP client to providers, streaming passthrough and error mapping.
 
-httpx's API over an aiohttp transport: httpx's default transport is most of a
-bare proxy's overhead (DESIGN.md, performance notes); aiohttp keeps it near the
-floor. Responses stream chunk by chunk as they arrive; nothing is buffered
-whole unless the caller reads it.
+httpx's API (its Response, its errors) over the proxy's own HTTP/1.1 connections (proxy/upstream/http1.py):
+httpx's default transport is most of a bare proxy's overhead (DESIGN.md, performance notes), and aiohttp
+under it, which came next, still cost about a fifth of the proxy's CPU per small request. The few requests
+http1 does not carry (HEAD, CONNECT, a header no HTTP/1.1 line can hold) go through httpx and aiohttp as
+before. Responses stream chunk by chunk as they arrive; nothing is buffered whole unless the caller reads it.
 
 A pooled keep-alive connection can die just as a request goes out on it: the
 provider closed it while idle, and the request meets a reset or a close before
 any answer. The provider never saw that request, so it is sent once more on a
 fresh connection - what browsers and httpx do for stale keep-alive connections,
-and safe for a POST only because not one byte of a response came back (the
-connection's protocol notes that; see `_Handler`). Never twice, never after a
-timeout. aiohttp already does this itself for idempotent methods.
+and safe for a POST only because not one byte of a response came back (http1
+raises `Unanswered` for exactly that; on the aiohttp path the connection's
+protocol notes it, see `_Handler`). Never twice, never after a timeout.
+aiohttp already does this itself for idempotent methods.
 """
 
 from __future__ import annotations
