@@ -367,3 +367,23 @@ async def test_https_is_verified_against_the_context_s_authorities(certificate):
             await stranger.send("POST", url, b"content-length: 0\r\n", None, timeout)
     finally:
         server.close()
+
+
+async def test_a_connection_idle_past_the_keepalive_expiry_is_not_reused():
+    from proxy.upstream.http1 import Http1
+
+    async def serve(reader, writer):
+        while True:
+            await server.read(reader)
+            writer.write(ok())
+
+    h = Http1(httpx.create_ssl_context(), httpx.Limits(max_connections=10, max_keepalive_connections=10,
+                                                        keepalive_expiry=0.1))
+    async with Server(serve) as server:
+        url = httpx.URL(server.url)
+        for pause in (0, 0, 0.3):  # reused at once, then idle past 0.1 s: a new connection
+            await asyncio.sleep(pause)
+            resp = await h.send("POST", url, b"content-length: 0\r\n", None, httpx.Timeout(2.0))
+            assert await resp.stream.read() == JSON
+        h.close()
+    assert server.connections == 2 and len(server.requests) == 3
