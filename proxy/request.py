@@ -61,6 +61,9 @@ class RequestContext:
     # is marked unsent, for the first turn that sends it to count (proxy/rewrite/first_send.py)
     purpose: Literal["turn", "count"] = "turn"
     trace: RequestTrace = NO_TRACE  # its spans (proxy/telemetry/); the no-op while tracing is off
+    # other processes may serve this session (proxy/state.py shared_sessions): what it last did is read from the
+    # store, not from this process's memory
+    shared: bool = True
 
 
 class ReadRounds(Protocol):

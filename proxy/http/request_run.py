@@ -152,7 +152,8 @@ async def _context(st: ProxyState, request: Request, conv: Conversation, request
                           archive_quota=st.settings.store_quota_bytes,
                           window=min(window, learned or window), upstream=st.upstream,
                           upstream_headers=request_headers(items, route.upstream, identity_encoding=True),
-                          own_calls=RequestOwnCalls(st.accounting.own_call), trace=trace)
+                          own_calls=RequestOwnCalls(st.accounting.own_call), trace=trace,
+                          shared=st.accounting.shared)
 
 
 @dataclass

@@ -35,6 +35,7 @@ from proxy.request import Conversation, RequestContext
 from proxy.rewrite.events import CompactionInEffect, Offloaded, StatusAdded, StatusSkipped
 from proxy.rewrite.marks import STATUS_OPEN
 from proxy.rewrite.settings import Peers, StatusBarSettings
+from proxy.rewrite.status_bar.clock import SessionClock
 from proxy.rewrite.status_bar.trajectory import (
     ErrorLook,
     Progress,
@@ -87,6 +88,7 @@ class StatusBar:
         self.pattern = ErrorLook(settings.error_pattern)
         self._recorded: LRU[tuple[str, str], list[dict[str, Any]]] = LRU(_SESSIONS_CACHED)
         self._errors: LRU[bytes, bool] = LRU(_ERRORS_CACHED)
+        self._clock = SessionClock()
 
     async def restore(self, conv: Conversation, ctx: RequestContext) -> Conversation:
         if self.settings.agents_only and not await _is_agent(conv):
@@ -158,10 +160,9 @@ class StatusBar:
             # a mid-conversation system message ends the request: the API takes it last or before the answer
             conv.events.append(StatusSkipped("the request ends with a system message"))
             return conv
-        status_key, clock_key = _keys(ctx)
+        status_key, _ = _keys(ctx)
         now = time.time()
-        clock = await ctx.store.get_json(clock_key) or {"first": now, "last": now}
-        await ctx.store.put_json(clock_key, {"first": clock["first"], "last": now})
+        clock = await self._clock.tick(ctx, now)
         model = conv.model
         without_status = conv.prompt_tokens(conv.messages)
         used = without_status
