@@ -387,3 +387,21 @@ async def test_a_connection_idle_past_the_keepalive_expiry_is_not_reused():
             assert await resp.stream.read() == JSON
         h.close()
     assert server.connections == 2 and len(server.requests) == 3
+
+
+async def test_after_close_no_connection_is_kept_alive():
+    from proxy.upstream.http1 import Http1
+
+    async def serve(reader, writer):
+        while True:
+            await server.read(reader)
+            writer.write(ok())
+
+    h = Http1(httpx.create_ssl_context(), httpx.Limits(max_connections=10, max_keepalive_connections=10))
+    async with Server(serve) as server:
+        url = httpx.URL(server.url)
+        in_flight = await h.send("POST", url, b"content-length: 0\r\n", None, httpx.Timeout(2.0))
+        h.close()  # shutting down while an answer is still being read
+        assert await in_flight.stream.read() == JSON
+        origin = next(iter(h.origins.values()))
+        assert origin.idle == [] and origin.open == 0

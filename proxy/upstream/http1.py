@@ -308,6 +308,7 @@ class Origin:
         self.max_idle = limits.max_keepalive_connections or 0
         self.expiry = limits.keepalive_expiry or 0.0
         self.idle: list[_Connection] = []
+        self.closing = False  # the process is shutting down: nothing is kept alive any more
         self.open = 0
         self.waiters: deque[asyncio.Future[None]] = deque()
 
@@ -360,7 +361,7 @@ class Origin:
 
     def release(self, conn: _Connection) -> None:
         """The connection's request is over: kept for the next one, or closed."""
-        if conn.reusable() and len(self.idle) < self.max_idle:
+        if conn.reusable() and len(self.idle) < self.max_idle and not self.closing:
             conn.idle_since = self.loop.time()
             self.idle.append(conn)
             self._wake_one()
@@ -394,6 +395,7 @@ class Origin:
                 break
 
     def close_all(self) -> None:
+        self.closing = True
         for conn in list(self.idle):
             self._close(conn)
 
@@ -411,7 +413,7 @@ class Http1:
         `header_block` gives them. `fresh`: on a new connection, closed after the answer."""
         key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         origin = self.origins.get(key)
-        if origin is None:
+        if origin is None or origin.loop is not asyncio.get_running_loop():  # connections belong to their loop
             origin = self.origins[key] = Origin(*key, self.tls if url.scheme == "https" else None, self.limits)
         conn = await origin.connection(fresh, timeout.connect, timeout.pool)
         head = _REQUEST_LINE % (method.encode(), url.raw_path) + block + b"\r\n"
