@@ -26,6 +26,7 @@ from proxy.http.messages import count_tokens, messages
 from proxy.http.passthrough import passthrough
 from proxy.http.responses import responses
 from proxy.http.responses_ws import responses_websocket
+from proxy.logs import flush_logs
 from proxy.state import ProxyState, state_of
 from proxy.store import open_store
 from proxy.store.guarded import GuardedStore
@@ -88,6 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await store.close()
             if tracing.on:  # the spans still queued are exported before the process goes
                 await asyncio.to_thread(tracing.shutdown)
+            flush_logs()  # the last requests' lines, before the process may be ended by the signal it got
 
     # FastAPI's own OpenTelemetry spans and metrics off: the proxy traces its requests itself (proxy/telemetry/,
     # off unless OTEL_* say), and a process with a global provider set would get a second SERVER span for every

@@ -24,8 +24,8 @@ from proxy.errors import ProxyError, UpstreamUnreachable
 from proxy.http.answers import Known, known
 from proxy.http.relay import error_response, read_body
 from proxy.http.routing import api_key_of, resolve_route, session_id, tenant_id
-from proxy.logs import event
 from proxy.logs import log as logger
+from proxy.logs import request_event
 from proxy.request import Conversation, RequestContext
 from proxy.state import ProxyState
 from proxy.telemetry import NO_TRACE, RequestTrace
@@ -75,7 +75,7 @@ class RequestRun:
         self.log.update(fields)
         self.log.update({k: v for k, v in more.items() if v is not None})
         self.log["total_ms"] = round((time.perf_counter() - self.t0) * 1000, 3)
-        event("request", **self.log)
+        request_event(self.log)
         if self.trace.on:
             status, error = more.get("status"), more.get("error")
             self.trace.end(status if isinstance(status, int) else None, error if isinstance(error, str) else None)
