@@ -405,3 +405,24 @@ async def test_after_close_no_connection_is_kept_alive():
         assert await in_flight.stream.read() == JSON
         origin = next(iter(h.origins.values()))
         assert origin.idle == [] and origin.open == 0
+
+
+async def test_an_answer_before_the_whole_body_went_out_does_not_reuse_the_connection():
+    from proxy.upstream.http1 import Http1
+
+    async def serve(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        server.requests.append(head)
+        writer.write(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n")  # keep-alive, body unread
+        await writer.drain()
+        await asyncio.sleep(1)  # the rest of the body stays unread for a while
+
+    h = Http1(httpx.create_ssl_context(), httpx.Limits(max_connections=10, max_keepalive_connections=10))
+    async with Server(serve) as server:
+        url = httpx.URL(server.url)
+        big = b"x" * (32 << 20)  # more than the sockets' buffers hold
+        resp = await h.send("POST", url, b"content-length: %d\r\n" % len(big), big, httpx.Timeout(5.0))
+        assert resp.status_code == 413 and await resp.stream.read() == b""
+        origin = next(iter(h.origins.values()))
+        assert origin.idle == []  # not kept: the body's tail would be read as the next request
+        h.close()

@@ -110,8 +110,11 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
     def reusable(self) -> bool:
+        """Able to carry the next request: the answer read to its end, kept alive, and the request itself sent
+        whole (a provider may answer early, a 413 say, while the body is still going out: what is left of it
+        would be read as the start of the next request)."""
         return self.keep and self.done and self.keep_alive and self.error is None and not self.closed \
-            and not self.chunks
+            and not self.chunks and self.transport is not None and self.transport.get_write_buffer_size() == 0
 
     def _arm(self, when: float) -> None:
         self.timer = self.loop.call_at(when, self._deadline)
@@ -377,8 +380,8 @@ class Origin:
             self._freed()
 
     def _close(self, conn: _Connection) -> None:
-        if conn.done and conn.transport is not None:
-            conn.transport.close()  # the answer is whole: a graceful close
+        if conn.done and conn.transport is not None and conn.transport.get_write_buffer_size() == 0:
+            conn.transport.close()  # the answer is whole and the request all sent: a graceful close
         else:
             conn.abort()
         self.lost(conn)
