@@ -7,6 +7,8 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from proxy.request import RequestContext
 from proxy.rewrite.status_bar.clock import SessionClock
 from proxy.store.keys import session_key
@@ -30,44 +32,39 @@ def ctx(store: SqliteStore, shared: bool) -> RequestContext:
 KEY = session_key("t1", "s1", "clock")
 
 
+@pytest.fixture
+async def store(tmp_path):
+    s = Counted(str(tmp_path / "c.db"))
+    yield s
+    await s.close()
+
+
 async def settle(clock: SessionClock) -> None:
     await asyncio.gather(*clock._writes)
 
 
-async def test_one_process_reads_the_store_once_and_keeps_it_current(tmp_path):
-    store = Counted(str(tmp_path / "c.db"))
-    try:
-        await store.put_json(KEY, {"first": 100.0, "last": 150.0})  # from before a restart
-        clock = SessionClock()
-        assert await clock.tick(ctx(store, False), 200.0) == {"first": 100.0, "last": 150.0}
-        assert await clock.tick(ctx(store, False), 260.0) == {"first": 100.0, "last": 200.0}
-        assert await clock.tick(ctx(store, False), 300.0) == {"first": 100.0, "last": 260.0}
-        assert store.gets == 1
-        await settle(clock)
-        assert await store.get_json(KEY) == {"first": 100.0, "last": 300.0}  # what the next restart reads
-        again = SessionClock()  # a restart
-        assert await again.tick(ctx(store, False), 400.0) == {"first": 100.0, "last": 300.0}
-    finally:
-        await store.close()
+async def test_one_process_reads_the_store_once_and_keeps_it_current(store):
+    await store.put_json(KEY, {"first": 100.0, "last": 150.0})  # from before a restart
+    clock = SessionClock()
+    assert await clock.tick(ctx(store, False), 200.0) == {"first": 100.0, "last": 150.0}
+    assert await clock.tick(ctx(store, False), 260.0) == {"first": 100.0, "last": 200.0}
+    assert await clock.tick(ctx(store, False), 300.0) == {"first": 100.0, "last": 260.0}
+    assert store.gets == 1
+    await settle(clock)
+    assert await store.get_json(KEY) == {"first": 100.0, "last": 300.0}  # what the next restart reads
+    again = SessionClock()  # a restart
+    assert await again.tick(ctx(store, False), 400.0) == {"first": 100.0, "last": 300.0}
 
 
-async def test_a_new_session_starts_its_clock_now(tmp_path):
-    store = Counted(str(tmp_path / "c.db"))
-    try:
-        clock = SessionClock()
-        assert await clock.tick(ctx(store, False), 50.0) == {"first": 50.0, "last": 50.0}
-        assert await clock.tick(ctx(store, False), 70.0) == {"first": 50.0, "last": 50.0}
-    finally:
-        await store.close()
+async def test_a_new_session_starts_its_clock_now(store):
+    clock = SessionClock()
+    assert await clock.tick(ctx(store, False), 50.0) == {"first": 50.0, "last": 50.0}
+    assert await clock.tick(ctx(store, False), 70.0) == {"first": 50.0, "last": 50.0}
 
 
-async def test_shared_sessions_read_what_another_process_wrote(tmp_path):
-    store = Counted(str(tmp_path / "c.db"))
-    try:
-        clock = SessionClock()
-        assert await clock.tick(ctx(store, True), 10.0) == {"first": 10.0, "last": 10.0}
-        await store.put_json(KEY, {"first": 10.0, "last": 42.0})  # another replica served the session meanwhile
-        assert await clock.tick(ctx(store, True), 50.0) == {"first": 10.0, "last": 42.0}
-        assert store.gets == 2 and await store.get_json(KEY) == {"first": 10.0, "last": 50.0}
-    finally:
-        await store.close()
+async def test_shared_sessions_read_what_another_process_wrote(store):
+    clock = SessionClock()
+    assert await clock.tick(ctx(store, True), 10.0) == {"first": 10.0, "last": 10.0}
+    await store.put_json(KEY, {"first": 10.0, "last": 42.0})  # another replica served the session meanwhile
+    assert await clock.tick(ctx(store, True), 50.0) == {"first": 10.0, "last": 42.0}
+    assert store.gets == 2 and await store.get_json(KEY) == {"first": 10.0, "last": 50.0}

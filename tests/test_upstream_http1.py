@@ -17,7 +17,7 @@ import pytest
 from proxy.config import UpstreamSettings
 from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
 from proxy.upstream.client import Upstream, iter_raw, read_body
-from proxy.upstream.http1 import Body, header_block
+from proxy.upstream.http1 import Body, Http1, header_block
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 JSON = b'{"ok":true}'
@@ -67,6 +67,22 @@ class Server:
         data = await read_request(reader)
         self.requests.append(data)
         return data
+
+
+def answering(body: bytes = JSON) -> Server:
+    """A server answering every request on each connection with `body`, as long as the connection lasts."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await server.read(reader)
+            writer.write(ok(body))
+
+    server = Server(serve)
+    return server
+
+
+def http1(max_connections: int = 10, **limits: float) -> Http1:
+    return Http1(httpx.create_ssl_context(), httpx.Limits(max_connections=max_connections,
+                                                          max_keepalive_connections=max_connections, **limits))
 
 
 def settings(read: float = 5.0) -> UpstreamSettings:
@@ -241,12 +257,7 @@ async def test_a_provider_nobody_listens_for_is_unreachable(up):
 
 
 async def test_a_body_left_unread_does_not_leave_its_connection_in_the_pool(up):
-    async def serve(reader, writer):
-        while True:
-            await server.read(reader)
-            writer.write(ok(b"x" * 100_000))
-
-    async with Server(serve) as server:
+    async with answering(b"x" * 100_000) as server:
         resp = await up.send("POST", server.url, [], b"{}", settings())
         await resp.aclose()  # closed before its body was read
         assert (await post(up, server.url))[1] == b"x" * 100_000
@@ -294,16 +305,9 @@ async def test_the_answer_is_the_transport_s_own_body(up):
 
 
 async def test_at_the_connection_limit_a_request_waits_for_one_given_back():
-    from proxy.upstream.http1 import Http1
-
-    async def serve(reader, writer):
-        while True:
-            await server.read(reader)
-            writer.write(ok())
-
-    h = Http1(httpx.create_ssl_context(), httpx.Limits(max_connections=1, max_keepalive_connections=1))
+    h = http1(max_connections=1)
     timeout = httpx.Timeout(2.0, pool=0.3)
-    async with Server(serve) as server:
+    async with answering() as server:
         url = httpx.URL(server.url)
         first = await h.send("POST", url, b"content-length: 0\r\n", None, timeout)
         with pytest.raises(httpx.PoolTimeout):  # the one connection is still held by `first`
@@ -335,8 +339,6 @@ def certificate(tmp_path_factory) -> tuple[str, str]:
 
 async def test_https_is_verified_against_the_context_s_authorities(certificate):
     import ssl
-
-    from proxy.upstream.http1 import Http1
 
     cert, key = certificate
     served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -370,16 +372,8 @@ async def test_https_is_verified_against_the_context_s_authorities(certificate):
 
 
 async def test_a_connection_idle_past_the_keepalive_expiry_is_not_reused():
-    from proxy.upstream.http1 import Http1
-
-    async def serve(reader, writer):
-        while True:
-            await server.read(reader)
-            writer.write(ok())
-
-    h = Http1(httpx.create_ssl_context(), httpx.Limits(max_connections=10, max_keepalive_connections=10,
-                                                        keepalive_expiry=0.1))
-    async with Server(serve) as server:
+    h = http1(keepalive_expiry=0.1)
+    async with answering() as server:
         url = httpx.URL(server.url)
         for pause in (0, 0, 0.3):  # reused at once, then idle past 0.1 s: a new connection
             await asyncio.sleep(pause)
@@ -390,15 +384,8 @@ async def test_a_connection_idle_past_the_keepalive_expiry_is_not_reused():
 
 
 async def test_after_close_no_connection_is_kept_alive():
-    from proxy.upstream.http1 import Http1
-
-    async def serve(reader, writer):
-        while True:
-            await server.read(reader)
-            writer.write(ok())
-
-    h = Http1(httpx.create_ssl_context(), httpx.Limits(max_connections=10, max_keepalive_connections=10))
-    async with Server(serve) as server:
+    h = http1()
+    async with answering() as server:
         url = httpx.URL(server.url)
         in_flight = await h.send("POST", url, b"content-length: 0\r\n", None, httpx.Timeout(2.0))
         h.close()  # shutting down while an answer is still being read
@@ -408,8 +395,6 @@ async def test_after_close_no_connection_is_kept_alive():
 
 
 async def test_an_answer_before_the_whole_body_went_out_does_not_reuse_the_connection():
-    from proxy.upstream.http1 import Http1
-
     async def serve(reader, writer):
         head = await reader.readuntil(b"\r\n\r\n")
         server.requests.append(head)
@@ -417,7 +402,7 @@ async def test_an_answer_before_the_whole_body_went_out_does_not_reuse_the_conne
         await writer.drain()
         await asyncio.sleep(1)  # the rest of the body stays unread for a while
 
-    h = Http1(httpx.create_ssl_context(), httpx.Limits(max_connections=10, max_keepalive_connections=10))
+    h = http1()
     async with Server(serve) as server:
         url = httpx.URL(server.url)
         big = b"x" * (32 << 20)  # more than the sockets' buffers hold
