@@ -81,7 +81,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             return
         self._add(line, defer=False)
 
-    def event(self, formatter: JsonFormatter, msg: str, level: int, fields: dict[str, Any], defer: bool) -> None:
+    def event(self, formatter: JsonFormatter, msg: str, level: int, fields: dict[str, object], defer: bool) -> None:
         """What logging's handle() and emit() make of `log.log(level, msg, extra={"fields": fields})`, without
         the LogRecord (building and dispatching one cost more than the line): the same line, under the same lock."""
         created = time.time()
@@ -148,10 +148,8 @@ def setup_logging(level: str = "info", worker: bool = False) -> None:
     logging.logProcesses = worker
     logging.logMultiprocessing = False
     global _direct
-    handler = LineHandler(sys.stderr)
-    formatter = JsonFormatter(worker)
-    handler.setFormatter(formatter)
-    _direct = (handler, formatter)
+    handler = _direct = LineHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(worker))
     for name in (LOGGER_NAME, "uvicorn", "uvicorn.error"):
         lg = logging.getLogger(name)
         lg.handlers[:] = [handler]
@@ -159,7 +157,7 @@ def setup_logging(level: str = "info", worker: bool = False) -> None:
         lg.propagate = False
 
 
-_direct: tuple[LineHandler, JsonFormatter] | None = None  # setup_logging's handler: lines are written to it directly
+_direct: LineHandler | None = None  # setup_logging's handler: lines are written to it directly
 
 
 def event(msg: str, level: int = logging.INFO, /, **fields: object) -> None:
@@ -175,7 +173,7 @@ def request_event(fields: dict[str, object]) -> None:
 def flush_logs() -> None:
     """Write the request lines still held (the end of the lifespan)."""
     if _direct is not None:
-        _direct[0].flush()
+        _direct.flush()
 
 
 def _line(msg: str, level: int, fields: dict[str, object], defer: bool) -> None:
@@ -183,12 +181,11 @@ def _line(msg: str, level: int, fields: dict[str, object], defer: bool) -> None:
     handler without a LogRecord; anything else (a test's handler, a filter) gets it through logging."""
     if not log.isEnabledFor(level):
         return
-    direct = _direct
-    if direct is not None:
-        handler, formatter = direct
-        handlers = log.handlers
+    handler = _direct
+    if handler is not None:
+        handlers, formatter = log.handlers, handler.formatter
         if len(handlers) == 1 and handlers[0] is handler and not log.filters and not handler.filters \
-                and level >= handler.level and handler.formatter is formatter:
+                and level >= handler.level and isinstance(formatter, JsonFormatter):
             handler.event(formatter, msg, level, fields, defer)
             return
     log.log(level, msg, extra={"fields": fields})

@@ -65,7 +65,7 @@ def stream(monkeypatch):
 def ours() -> None:
     """Only setup_logging's handler on the logger (pytest adds its capture handlers while a test runs)."""
     assert logs._direct is not None
-    logs.log.handlers[:] = [logs._direct[0]]
+    logs.log.handlers[:] = [logs._direct]
 
 
 def test_a_direct_line_is_the_line_logging_writes(stream, monkeypatch):

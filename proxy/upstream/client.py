@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import errno
 import functools
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from contextvars import ContextVar
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
@@ -239,37 +239,36 @@ class Upstream:
         wire = wire_headers(method, where, headers, content)
         block = header_block(method, wire) if wire is not None else None
         if block is not None:
-            return await self._send_http1(method, url, where, block, content, timeout)
+            try:
+                return await self.http1.send(method, where, block, content, timeout)
+            except Unanswered as e:
+                dropped: Exception = e
+            except httpx.TransportError as e:
+                raise _transport_error(e, url) from e
+            return await self._once_more(url, dropped, self.http1.send(method, where, block, content, timeout,
+                                                                         fresh=True))
         attempt = _Attempt()
         token = _ATTEMPT.set(attempt)
         try:
-            return await _send(self._transport, method, url, headers, content, timeout)
+            return await _send(self._transport, method, where, text, headers, wire, content, timeout)
         except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
             if method.upper() in _IDEMPOTENT or not _unanswered_drop(e, attempt):
                 raise _transport_error(e, url) from e
             dropped = e
         finally:
             _ATTEMPT.reset(token)
-        event("upstream connection dropped before answering; retrying once on a fresh connection",
-              upstream=_host(url), reason=_transport_error(dropped, url).message)
-        try:
-            return await _send(self._fresh_transport, method, url, headers, content, timeout)
-        except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
-            raise _transport_error(e, url) from e
+        return await self._once_more(url, dropped,
+                                     _send(self._fresh_transport, method, where, text, headers, wire, content,
+                                           timeout))
 
-    async def _send_http1(self, method: str, url: str, where: httpx.URL, block: bytes, content: bytes | None,
-                          timeout: httpx.Timeout) -> httpx.Response:
-        try:
-            return await self.http1.send(method, where, block, content, timeout)
-        except Unanswered as e:
-            dropped = e
-        except httpx.TransportError as e:
-            raise _transport_error(e, url) from e
+    @staticmethod
+    async def _once_more(url: str, dropped: Exception, again: Coroutine[Any, Any, httpx.Response]) -> httpx.Response:
+        """The one retry, on a fresh connection, of a request whose connection died before any answer byte."""
         event("upstream connection dropped before answering; retrying once on a fresh connection",
               upstream=_host(url), reason=_transport_error(dropped, url).message)
         try:
-            return await self.http1.send(method, where, block, content, timeout, fresh=True)
-        except httpx.TransportError as e:
+            return await again
+        except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
             raise _transport_error(e, url) from e
 
     async def aclose(self) -> None:
@@ -298,14 +297,14 @@ def _url(url: str) -> tuple[httpx.URL, str]:
     return parsed
 
 
-async def _send(transport: AiohttpTransport, method: str, url: str, headers: list[tuple[str, str]],
-                content: bytes | None, timeout: httpx.Timeout) -> httpx.Response:
+async def _send(transport: AiohttpTransport, method: str, where: httpx.URL, text: str,
+                headers: list[tuple[str, str]], wire: list[tuple[str, str]] | None, content: bytes | None,
+                timeout: httpx.Timeout) -> httpx.Response:
     """The request straight to the client's transport: nothing of Client.send is needed here (no auth, no
     redirects followed, no cookies kept, no event hooks), and skipping it halves httpx's cost per request.
-    Straight to aiohttp, as the transport would send it, unless a header is not ASCII (proxy/upstream/direct.py)."""
-    where, text = _url(url)
-    wire = wire_headers(method, where, headers, content) if transport.proxy is None else None
-    if wire is not None:
+    `where`, `text` as _url gives them, `wire` as wire_headers does. Straight to aiohttp, as the transport
+    would send it, unless a header is not ASCII (`wire` None: proxy/upstream/direct.py)."""
+    if wire is not None and transport.proxy is None:
         return await send_direct(transport, method, where, text, wire, content, timeout)
     request = httpx.Request(method, where, headers=headers, content=content,
                             extensions={"timeout": timeout.as_dict()})
@@ -340,11 +339,12 @@ async def _read_whole(resp: httpx.Response) -> bytes:
     chunker layers are a pass-through then, and cost more than the read itself for a small answer. The
     bytes, `resp.content` and the errors (mapped to httpx's, as the transport maps them) are the same."""
     stream = resp.stream
-    if isinstance(stream, Body) and resp.headers.get("content-encoding", "identity") == "identity":
+    identity = resp.headers.get("content-encoding", "identity") == "identity"
+    if isinstance(stream, Body) and identity:
         content = await stream.read()
         resp._content = content
         return content
-    if not isinstance(stream, AiohttpResponseStream) or resp.headers.get("content-encoding", "identity") != "identity":
+    if not isinstance(stream, AiohttpResponseStream) or not identity:
         return await resp.aread()
     try:
         content = await stream._aiohttp_response.read()

@@ -263,35 +263,32 @@ class Body(httpx.AsyncByteStream):
         self.conn = conn
         self.released = False
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def _next(self) -> bytes | None:
+        """What arrived since the last call, waiting for it; None once the answer is whole."""
         conn = self.conn
+        while True:
+            if conn.chunks:
+                return conn.take()
+            if conn.error is not None:
+                raise conn.error
+            if conn.done:
+                return None
+            await conn.more()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
-            while True:
-                if conn.chunks:
-                    yield conn.take()
-                elif conn.error is not None:
-                    raise conn.error
-                elif conn.done:
-                    break
-                else:
-                    await conn.more()
+            while (chunk := await self._next()) is not None:
+                yield chunk
         finally:
             await self.aclose()
 
     async def read(self) -> bytes:
         """The whole body."""
-        conn = self.conn
         try:
             parts: list[bytes] = []
-            while True:
-                if conn.chunks:
-                    parts.append(conn.take())
-                elif conn.error is not None:
-                    raise conn.error
-                elif conn.done:
-                    return parts[0] if len(parts) == 1 else b"".join(parts)
-                else:
-                    await conn.more()
+            while (chunk := await self._next()) is not None:
+                parts.append(chunk)
+            return parts[0] if len(parts) == 1 else b"".join(parts)
         finally:
             await self.aclose()
 
@@ -304,7 +301,7 @@ class Body(httpx.AsyncByteStream):
 class Origin:
     """The connections to one scheme://host:port."""
 
-    def __init__(self, scheme: str, host: str, port: int, tls: ssl.SSLContext | None, limits: httpx.Limits) -> None:
+    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None, limits: httpx.Limits) -> None:
         self.loop = asyncio.get_running_loop()
         self.host, self.port, self.tls = host, port, tls
         self.max_open = limits.max_connections or 1 << 30
@@ -414,10 +411,11 @@ class Http1:
                    timeout: httpx.Timeout, fresh: bool = False) -> httpx.Response:
         """The answer as soon as its headers are in (its body streams on). `block`: the header lines as
         `header_block` gives them. `fresh`: on a new connection, closed after the answer."""
-        key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        tls = url.scheme == "https"
+        key = (url.scheme, url.host, url.port or (443 if tls else 80))
         origin = self.origins.get(key)
         if origin is None or origin.loop is not asyncio.get_running_loop():  # connections belong to their loop
-            origin = self.origins[key] = Origin(*key, self.tls if url.scheme == "https" else None, self.limits)
+            origin = self.origins[key] = Origin(key[1], key[2], self.tls if tls else None, self.limits)
         conn = await origin.connection(fresh, timeout.connect, timeout.pool)
         head = _REQUEST_LINE % (method.encode(), url.raw_path) + block + b"\r\n"
         try:

@@ -72,8 +72,8 @@ async def _is_agent(conv: Conversation) -> bool:
     return await offloop.run_unless_light(conv.messages, _has_tool_result, conv.wire, conv.messages)
 
 
-def _keys(ctx: RequestContext) -> tuple[str, str]:
-    return session_key(ctx.tenant, ctx.session, "status"), session_key(ctx.tenant, ctx.session, "clock")
+def _status_key(ctx: RequestContext) -> str:
+    return session_key(ctx.tenant, ctx.session, "status")
 
 
 class StatusBar:
@@ -135,7 +135,7 @@ class StatusBar:
     async def _entries(self, ctx: RequestContext) -> list[dict[str, Any]]:
         key = (ctx.tenant, ctx.session)
         cached = self._recorded.get(key) or []
-        new = await ctx.store.read_log(_keys(ctx)[0], start=len(cached))
+        new = await ctx.store.read_log(_status_key(ctx), start=len(cached))
         if new:
             cached = cached + [orjson.loads(x) for x in new]
         self._recorded.put(key, cached)
@@ -160,7 +160,6 @@ class StatusBar:
             # a mid-conversation system message ends the request: the API takes it last or before the answer
             conv.events.append(StatusSkipped("the request ends with a system message"))
             return conv
-        status_key, _ = _keys(ctx)
         now = time.time()
         clock = await self._clock.tick(ctx, now)
         model = conv.model
@@ -179,7 +178,7 @@ class StatusBar:
         conv.set_messages([*conv.messages, status])
         conv.events.append(StatusAdded())
         if self.settings.mode == "append":
-            await ctx.store.append_log(status_key, orjson.dumps({"k": n, "prev": prev, "content": text}))
+            await ctx.store.append_log(_status_key(ctx), orjson.dumps({"k": n, "prev": prev, "content": text}))
         return conv
 
     def render(self, t: Trajectory, conv: Conversation, window: int, used: int, since_first: float,
