@@ -139,6 +139,33 @@ def test_oversized_headers_are_answered_431(quick):
     assert ok.status_code == 200
 
 
+@pytest.mark.parametrize("shape", ["one-big-header", "many-headers", "after-a-request", "websocket"])
+def test_oversized_headers_in_one_read_are_answered_431_before_the_app_runs(quick, mock_upstream, shape):
+    """A whole header block over the limit in one sendall (parsed, complete, in one read) is refused alike,
+    and so is one pipelined behind a request on the same connection, and a WebSocket handshake."""
+    big = 3 * MAX_HEADER_BYTES
+    headers = (b"x-big: " + b"a" * big + b"\r\n" if shape != "many-headers" else
+               b"".join(b"x-h%d: %s\r\n" % (i, b"b" * 90) for i in range(big // 100)))
+    body = b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}'
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\nauthorization: Bearer sk-big\r\n"
+               b"content-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s" % (len(body), headers, body))
+    if shape == "websocket":
+        request = (b"GET /v1/responses HTTP/1.1\r\nhost: proxy\r\nauthorization: Bearer sk-big\r\n"
+                   b"upgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-version: 13\r\n"
+                   b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n%s\r\n" % headers)
+    first = b"GET /healthz HTTP/1.1\r\nhost: proxy\r\n\r\n" if shape == "after-a-request" else b""
+    calls = len(mock_upstream.requests)
+    with connect(quick) as sock:
+        sock.sendall(first + request)
+        got = until_closed(sock)
+    if first:
+        assert got.startswith(b"HTTP/1.1 200"), got[:200]
+        got = got[got.index(b"HTTP/1.1 ", 1):]
+    status, error = error_of(got)
+    assert status == 431 and error["code"] == "request_headers_too_large", got[:300]
+    assert len(mock_upstream.requests) == calls, "the request reached the app and went upstream"
+
+
 def test_past_the_connection_limit_new_connections_get_503_at_once(tmp_path, upstream):
     s = start(tmp_path, upstream, max_connections=3, header_timeout=60)
     idle = [connect(s) for _ in range(3)]  # held open, sending nothing

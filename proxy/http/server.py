@@ -10,8 +10,11 @@ of a body its handler never read. GuardedProtocol adds, per connection:
   seconds of the connection opening, or within `keep_alive_timeout +
   header_timeout` of the previous response; else the connection is closed
   (with a 408 if the client had started a request);
-- header size: more than `max_header_bytes` received before the headers end
-  is answered 431 and the connection closed (llhttp itself has no limit);
+- header size: more than `max_header_bytes` received before the headers end, or
+  complete headers (the URL, each name and value) over it, is answered 431 and
+  the connection closed (llhttp itself has no limit). The second check is made
+  before the app is given the request: a header block that ends in the read that
+  brought it is parsed, and its request started, within that one read;
 - connection limit: a connection opened while `max_connections` others are
   open (or a request arriving while as many are in flight) is answered 503,
   OpenAI-shaped, with `connection: close`, instead of joining the queue.
@@ -56,6 +59,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._header_bytes: int | None = None  # bytes received since a request began, until its headers end
         self._began = False  # the client has sent part of a request whose headers are not complete
         self._admitted = True  # within max_connections when it was opened
+        self._too_large = False  # the last request's complete headers were over max_header_bytes
 
     # -- deadline ------------------------------------------------------------------------------------------
     def _arm(self, seconds: float) -> None:
@@ -94,12 +98,17 @@ class GuardedProtocol(HttpToolsProtocol):
             self._header_bytes += len(data)
         super().data_received(data)
         if self._header_bytes is not None and self._header_bytes > self.max_header_bytes \
-                and not self.transport.is_closing():
-            self._disarm()
-            self.transport.write(_response(431, "Request Header Fields Too Large", f"request headers exceed "
-                                           f"{self.max_header_bytes} bytes (server.max_header_bytes)",
-                                           "request_headers_too_large"))
-            self.transport.close()
+                and not self.transport.is_closing():  # headers still coming, already too many
+            self._refuse_headers()
+
+    def _refuse_headers(self) -> None:
+        self._disarm()
+        self.transport.write(_response(431, "Request Header Fields Too Large", self._too_large_message(),
+                                       "request_headers_too_large"))
+        self.transport.close()
+
+    def _too_large_message(self) -> str:
+        return f"request headers exceed {self.max_header_bytes} bytes (server.max_header_bytes)"
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -113,15 +122,35 @@ class GuardedProtocol(HttpToolsProtocol):
         self._disarm()
         self._header_bytes = None
         self._began = False
-        if not self._admitted or len(self.tasks) >= self.max_connections:
+        size = len(self.url)  # the headers as parsed (whole, however many reads brought them)
+        for name, value in self.headers:
+            size += len(name) + len(value)
+        self._too_large = size > self.max_header_bytes
+        if self._too_large:  # through a request cycle: the parser reads on into this request's body
+            self._run(self._headers_too_large)
+        elif not self._admitted or len(self.tasks) >= self.max_connections:
             _refusals.note(len(self.connections), len(self.tasks), self.max_connections)
-            app, self.app = self.app, _over_limit
-            try:
-                super().on_headers_complete()
-            finally:
-                self.app = app
+            self._run(_over_limit)
+        else:
+            super().on_headers_complete()
+
+    def _run(self, app: Any) -> None:
+        """The request just parsed, answered by `app` instead of the proxy."""
+        proxy, self.app = self.app, app
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = proxy
+
+    def handle_websocket_upgrade(self) -> None:
+        if self._too_large:  # on_headers_complete started no request for an upgrade: refused here
+            self._refuse_headers()
             return
-        super().on_headers_complete()
+        super().handle_websocket_upgrade()
+
+    async def _headers_too_large(self, scope: Any, receive: Any, send: Any) -> None:
+        await _send_error(send, 431, error_body(self._too_large_message(), "invalid_request_error",
+                                                "request_headers_too_large"))
 
     def on_response_complete(self) -> None:
         idle = not self.pipeline  # else the next pipelined request starts now, its headers long complete
@@ -151,11 +180,15 @@ _refusals = _Refusals()  # one per process (one event loop)
 
 
 async def _over_limit(scope: Any, receive: Any, send: Any) -> None:
-    body = error_body("the proxy is at its connection limit (server.max_connections); retry shortly",
-                      "proxy_error", "overloaded")
-    await send({"type": "http.response.start", "status": 503,
+    await _send_error(send, 503, error_body("the proxy is at its connection limit (server.max_connections); "
+                                            "retry shortly", "proxy_error", "overloaded"), (b"retry-after", b"1"))
+
+
+async def _send_error(send: Any, status: int, body: bytes, *extra: tuple[bytes, bytes]) -> None:
+    """An OpenAI-shaped error answered by the protocol's own ASGI app, the connection closed after it."""
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"retry-after", b"1"), (b"connection", b"close")]})
+                            *extra, (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
 
 
