@@ -15,13 +15,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from proxy.config import Settings, load_settings
+from proxy.config import ServerSettings, Settings, load_settings
 from proxy.errors import ProxyError
 from proxy.http import ctx_api
 from proxy.http.answers import CountEveryAnswer
 from proxy.http.chat import chat_completions
 from proxy.http.error_handlers import http_error, proxy_error, unexpected_error
 from proxy.http.fast_lane import Handler, serve, turn_of
+from proxy.http.local_guard import origin_refusal, refuse
 from proxy.http.messages import count_tokens, messages
 from proxy.http.passthrough import passthrough
 from proxy.http.responses import responses
@@ -48,13 +49,29 @@ class _App(FastAPI):
     """FastAPI with the turns' fast lane outermost (proxy/http/fast_lane.py): a turn is served before FastAPI's
     and Starlette's own __call__ and their middleware stack; any other request, and the lifespan, go to them."""
 
+    server: ServerSettings
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        origin = _header(scope, b"origin") if scope["type"] != "lifespan" else None
+        if origin is not None:  # sent by browsers alone: a page's request is refused before anything is read
+            refusal = origin_refusal(origin, _header(scope, b"host"), self.server)
+            if refusal is not None:
+                scope["app"] = self
+                await refuse(refusal, scope, receive, send)
+                return
         handler = None if self.root_path else turn_of(scope, TURNS)
         if handler is None:
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self  # as Starlette's __call__ sets it: state_of(request) reads the app's state
         await serve(handler, scope, receive, send)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return str(v.decode("latin-1"))
+    return None
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -96,6 +113,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # request. Off, FastAPI also stops asking the global providers whether they are set on every request.
     app = _App(title="ctxproxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                telemetry=_NO_FRAMEWORK_TELEMETRY)
+    app.server = settings.server
 
     # The proxied paths are plain Starlette routes: they take the raw request, so FastAPI's per-request
     # dependency and validation machinery would be pure overhead on the hot path. A turn (TURNS) is served by

@@ -161,6 +161,19 @@ class ServerSettings(_Strict):
     websocket_history_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     # Processes serving the one listening socket (proxy/http/workers.py); the limits above are per worker.
     workers: int = Field(default=1, ge=1)
+    # Browsers (proxy/http/local_guard.py): web origins whose pages may call the proxy (none: agents, SDKs and curl
+    # send no Origin; "*": any), and names besides loopback, IP literals and `host` that name the proxy in `Host`
+    # (fnmatch globs, e.g. a Kubernetes Service name), for requests trusted for where they come from.
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in v:
+            if origin != "*" and not re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#\s]+/?", origin):
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], e.g. http://localhost:3000)")
+        return tuple(o.lower().rstrip("/") for o in v)
 
 
 class LoggingSettings(_Strict):

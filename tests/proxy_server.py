@@ -243,7 +243,7 @@ class InProcessProxy(_Clients):
     going away uses ProxyServer.
     """
 
-    url = "http://ctxproxy.test"
+    url = "http://ctxproxy.localhost"  # a loopback name (RFC 6761), as the Host of a key-injecting route must be
 
     def __init__(self, settings: Settings) -> None:
         super().__init__()

@@ -197,7 +197,8 @@ def test_ill_formed_tool_definitions_get_400(proxy, upstream, tool):
 def _raw_request(url: str, target: str) -> int:
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n".encode())
+        s.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k\r\n"
+                  "Connection: close\r\n\r\n".encode())
         status = s.recv(4096).split(b"\r\n", 1)[0]
     return int(status.split()[1])
 

@@ -3,7 +3,8 @@
 The admin token (CTXPROXY_ADMIN_TOKEN, compared in constant time) sees every
 tenant. A client's own API key sees only its own tenant. With no admin token
 configured, a request without a key is answered only from loopback (a local
-developer's dashboard) and sees everything; from elsewhere it is refused.
+developer's dashboard), with a `Host` naming the proxy (not a DNS-rebinding
+page's: proxy/http/local_guard.py), and sees everything; from elsewhere it is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from proxy.errors import Unauthorized
+from proxy.http.local_guard import require_proxy_host
 from proxy.http.routing import api_key_of, tenant_id
 from proxy.state import state_of
 
@@ -42,6 +44,8 @@ def scope_of(request: Request) -> Scope:
         return Scope(tenant_id(key, st.settings.tenant_salt))
     host = request.client.host if request.client else ""
     if not token and host.startswith(_LOOPBACK):
+        require_proxy_host(request.headers, st.settings.server, "without a key this view is trusted for coming "
+                                                                "from loopback")
         return Scope(None)
     raise Unauthorized("this endpoint needs the admin token (X-Ctx-Admin-Token) or your API key (Authorization)",
                        code="unauthorized")

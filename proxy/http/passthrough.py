@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from proxy.errors import ProxyError
 from proxy.http.answers import known
+from proxy.http.local_guard import INJECTS_KEY, require_proxy_host
 from proxy.http.relay import client_codec, error_response, query_of, read_body, relay_response, relay_stream
 from proxy.http.request_run import model_in, new_request_id
 from proxy.http.routing import resolve_route
@@ -55,6 +56,8 @@ async def _passthrough(st: ProxyState, request: Request, trace: RequestTrace) ->
         route = resolve_route(st.settings, request.path_params.get("route"), request.headers, k.model,
                               "anthropic" if wire.family == "anthropic" else None)
         log["route"] = k.route = route.name
+        if route.upstream.api_key_env:
+            require_proxy_host(request.headers, st.settings.server, INJECTS_KEY)
         url = upstream_url(route.upstream, request.path_params["path"], query_of(request))
         sent_headers = request_headers(request.headers.items(), route.upstream)
         if trace.on:

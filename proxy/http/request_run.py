@@ -22,6 +22,7 @@ from proxy.accounting.accountant import Outcome
 from proxy.accounting.own_calls import RequestOwnCalls
 from proxy.errors import ProxyError, UpstreamUnreachable
 from proxy.http.answers import Known, known
+from proxy.http.local_guard import INJECTS_KEY, require_proxy_host
 from proxy.http.relay import error_response, read_body
 from proxy.http.routing import api_key_of, resolve_route, session_id, tenant_id
 from proxy.logs import log as logger
@@ -143,6 +144,8 @@ async def _context(st: ProxyState, request: Request, conv: Conversation, request
     items = request.headers.items()
     headers = dict(reversed(items))
     route = resolve_route(st.settings, request.path_params.get("route"), headers, model, conv.wire.family)
+    if route.upstream.api_key_env:
+        require_proxy_host(headers, st.settings.server, INJECTS_KEY)
     tenant = tenant_id(api_key_of(headers), st.settings.tenant_salt)
     window = context_window(st.settings, model, route.context_window)
     learned = await st.windows.get(tenant, route.name, model)

@@ -1,0 +1,117 @@
+"""Browsers cannot drive a local proxy: a foreign `Origin` is refused, and what is trusted for where it comes from
+must name the proxy in its `Host`.
+
+ctxproxy usually listens on a developer's loopback, often with a route that
+injects the operator's provider key (`api_key_env`). Any page the developer
+visits may POST to http://127.0.0.1:8080 as `text/plain` or open a WebSocket to
+it without a CORS preflight; the browser then sends `Origin`, which agents, SDKs
+and curl never do. So a request with an `Origin` that is neither listed in
+`server.allowed_origins` nor the proxy's own (the dashboard's fetches) is refused
+before anything is read or sent upstream, and no answer carries a CORS grant.
+
+DNS rebinding is the other way in: a page on rebind.evil.example whose name
+later resolves to 127.0.0.1 talks to the proxy "same-origin"; its GET carries no
+`Origin`, only `Host: rebind.evil.example`. A request trusted for where it comes
+from rather than for a credential (the keyless loopback admin view, a route
+injecting the operator's key) must therefore carry a `Host` naming the proxy:
+an IP literal (a rebinding page always has a name of its own), `localhost`,
+`server.host`, or one of `server.allowed_hosts` (e.g. a Kubernetes Service name).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from fnmatch import fnmatchcase
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from proxy.config import ServerSettings
+from proxy.errors import ProxyError
+from proxy.http.fast_lane import serve
+from proxy.logs import event
+
+INJECTS_KEY = "this route injects the operator's key"
+
+
+class Forbidden(ProxyError):
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
+def _hostname(host: str) -> str:
+    """`Host`'s name, lower-cased, without its port, brackets or trailing dot."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    if host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host.rstrip(".")
+
+
+def names_proxy(host: str | None, server: ServerSettings) -> bool:
+    """Whether a `Host` header names this proxy rather than some other name resolving to it (no header: HTTP/1.0,
+    which no browser sends)."""
+    if host is None:
+        return True
+    name = _hostname(host)
+    if name == "localhost" or name.endswith(".localhost") or name == server.host.lower():
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    return any(fnmatchcase(name, pattern.lower()) for pattern in server.allowed_hosts)
+
+
+def origin_refusal(origin: str | None, host: str | None, server: ServerSettings) -> Forbidden | None:
+    """Why a request from a browser page is refused; None if it has no `Origin`, an allowed one, or the proxy's own
+    (the dashboard, served from the proxy's own name)."""
+    if origin is None:
+        return None
+    wanted = origin.strip().lower().rstrip("/")
+    if wanted in server.allowed_origins or "*" in server.allowed_origins:
+        return None
+    try:
+        same = host is not None and urlsplit(wanted).netloc == host.strip().lower()
+    except ValueError:
+        same = False
+    if same and names_proxy(host, server):
+        return None
+    return Forbidden(f"requests from the web origin {origin[:200]!r} are refused: a browser page may not drive "
+                     "this proxy (list the origin in server.allowed_origins to allow it)", code="origin_not_allowed")
+
+
+def require_proxy_host(headers: Mapping[str, str], server: ServerSettings, why: str) -> None:
+    """Refuse a request trusted for where it comes from (`why` says for what) unless its `Host` names the proxy."""
+    host = headers.get("host")
+    if not names_proxy(host, server):
+        raise Forbidden(f"Host {(host or '')[:200]!r} does not name this proxy, and {why}: refused (a DNS-rebinding "
+                        "page would look like this); add the name to server.allowed_hosts if it is yours",
+                        code="host_not_allowed")
+
+
+async def refuse(err: ProxyError, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer a request refused before it was read: over HTTP as the app answers any ProxyError (in the client's API
+    shape, counted and logged); a WebSocket handshake with the same status and JSON, the socket never opened."""
+    if scope["type"] == "http":
+        async def refused(request: Request) -> Response:
+            raise err
+
+        scope.setdefault("path_params", {})
+        await serve(refused, scope, receive, send)
+        return
+    event("websocket refused", path=scope.get("path"), status=err.status, error=err.code)
+    await receive()  # websocket.connect
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})  # the server answers the handshake 403
+        return
+    body = err.body()
+    await send({"type": "websocket.http.response.start", "status": err.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "websocket.http.response.body", "body": body})
