@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -40,12 +41,18 @@ class Receiver:
     def __init__(self) -> None:
         self.spans: list[Any] = []
         self.posts: list[str] = []
+        self.status = 200  # any other: every export is answered so (refused)
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 receiver.posts.append(self.path)
+                if receiver.status != 200:
+                    self.send_response(receiver.status)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)
                 for rs in request.resource_spans:
@@ -327,3 +334,47 @@ def test_count_tokens_pass_through_and_websocket_turns_say_what_they_are(upstrea
     assert count_call.trace_id.hex() == TRACE_ID and attrs(count_call)["http.response.status_code"] == 200
     counted = next(rq for rq in upstream.requests if rq.path == "/v1/messages/count_tokens")
     assert counted.headers["traceparent"] == f"00-{TRACE_ID}-{count_call.span_id.hex()}-01"
+
+
+def test_the_log_stays_json_with_trace_headers_over_512_characters_and_a_failed_export(upstream, receiver, tmp_path):
+    """W3C Trace Context: a traceparent over 512 characters is no traceparent (the request starts its own trace)
+    and a tracestate over 512 may be dropped. `ctxproxy serve`'s stderr stays JSON lines: OpenTelemetry, left to
+    itself, writes there in plain text a warning about each such header (one per request a client sends) and
+    the failure of an export (here, the collector answering 400), which is the operator's to read, as JSON."""
+    import httpx
+    import test_serve
+
+    long_parent = f"01-{TRACE_ID}-{CLIENT_SPAN}-01-" + "a" * 560  # a later version's extra fields: valid but long
+    long_state = "vendor=" + "1" * 600
+
+    def post(headers: dict[str, str]) -> None:
+        r = httpx.post(s.url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}", **headers},
+                       json={"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        assert r.status_code == 200, r.text
+
+    s = test_serve.serve(tmp_path, {"CTXPROXY_UPSTREAM": upstream.base_url, **otel_env(receiver)})
+    try:
+        post({"traceparent": long_parent, "tracestate": "vendor=1"})
+        post({"traceparent": TRACEPARENT, "tracestate": long_state})
+        deadline = time.monotonic() + 10
+        while sum(sp.kind == SERVER for _, sp in receiver.spans) < 2:  # exported (OTEL_BSP_SCHEDULE_DELAY 20 ms)
+            assert time.monotonic() < deadline, "the two requests' spans were not exported"
+            time.sleep(0.02)
+        receiver.status, posts = 400, len(receiver.posts)
+        post({})
+        while len(receiver.posts) == posts:
+            assert time.monotonic() < deadline + 10, "the third request's spans were never sent"
+            time.sleep(0.02)
+    finally:
+        assert test_serve.stop(s)
+    text = [line for line in s.log.read_text().splitlines() if not line.startswith("{")]
+    assert text == [], "plain text in the JSON log"
+    failed = [line for line in s.log_lines() if line["msg"].startswith("Failed to export") and "400" in line["msg"]]
+    assert failed and failed[0]["level"] == "error", "the failed export, said as JSON"
+    servers = sorted((sp for _, sp in receiver.spans if sp.kind == SERVER), key=lambda sp: sp.start_time_unix_nano)
+    new_root, continued = servers
+    assert new_root.trace_id.hex() != TRACE_ID and not new_root.parent_span_id, "the long traceparent was followed"
+    assert continued.trace_id.hex() == TRACE_ID and continued.parent_span_id.hex() == CLIENT_SPAN
+    sent = [rq.headers for rq in upstream.requests if rq.path == "/v1/chat/completions"][:2]
+    assert [h["traceparent"].split("-")[1] for h in sent] == [new_root.trace_id.hex(), TRACE_ID]
+    assert [h.get("tracestate") for h in sent] == [None, None]  # the first one's was of the trace set aside

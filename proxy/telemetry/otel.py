@@ -17,6 +17,7 @@ variables, so the request path only queues ended spans.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from proxy.logs import LOGGER_NAME
 from proxy.telemetry import Headers, RequestTrace, Tracing, UpstreamCall
 from proxy.telemetry.attributes import minus, request_attributes, usage_attributes
 
@@ -44,6 +46,10 @@ _W3C = TraceContextTextMapPropagator()
 _TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 _DEFAULT_ENDPOINT_PATH = "/v1/traces"
 _NOT_CHAT = frozenset({"count_tokens", "passthrough"})  # provider calls that are no model turn: named for what they are
+# Where OpenTelemetry judges a client's traceparent and tracestate (too long, a malformed member): it sets one it
+# cannot use aside, as W3C Trace Context has a receiver do (no traceparent: the request starts its own trace),
+# and warns, once per request, with the header's text. A client could have such lines written at will: not logged.
+_CLIENT_HEADER_LOGGERS = ("opentelemetry.trace.propagation.tracecontext", "opentelemetry.trace.span")
 
 
 def _endpoint(env: Mapping[str, str]) -> str:
@@ -71,6 +77,19 @@ def _number(env: Mapping[str, str], name: str) -> float | None:
         return None
 
 
+def _own_logs() -> None:
+    """OpenTelemetry's own lines (an export that failed) written as ctxproxy's JSON lines, by its handler, once
+    setup_logging has set one; not as logging's plain-text last resort on stderr. Its warnings about a client's
+    trace headers not at all (_CLIENT_HEADER_LOGGERS)."""
+    for name in _CLIENT_HEADER_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    ours = logging.getLogger(LOGGER_NAME)
+    if ours.handlers and not ours.propagate:  # as setup_logging leaves it (a test's handler would propagate)
+        library = logging.getLogger("opentelemetry")
+        library.handlers[:] = ours.handlers
+        library.propagate = False
+
+
 def provider_from(env: Mapping[str, str]) -> TracerProvider:
     """A TracerProvider exporting OTLP/HTTP protobuf, configured from `env` alone (not the process's)."""
     attributes: dict[str, Any] = _pairs(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
@@ -90,6 +109,7 @@ class OtelTracing(Tracing):
     on = True
 
     def __init__(self, env: Mapping[str, str]) -> None:
+        _own_logs()
         self.provider = provider_from(env)
         self.tracer = self.provider.get_tracer(SCOPE)
 
