@@ -60,6 +60,7 @@ DEFAULT_KEEP_ALIVE_TIMEOUT = 5.0
 DEFAULT_MAX_CONNECTIONS = 2048
 DEFAULT_MAX_WEBSOCKETS = 512
 DEFAULT_WEBSOCKET_IDLE_TIMEOUT = 900.0  # Codex keeps one socket per session between turns
+DEFAULT_WEBSOCKET_QUEUE_BYTES = 1024 * 1024  # Codex sends its next turn after the answer: nothing queues
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_ROUTE = "default"
 # Context window assumed for a model found neither in `models:` nor in the
@@ -159,6 +160,8 @@ class ServerSettings(_Strict):
     max_websockets: int = Field(default=DEFAULT_MAX_WEBSOCKETS, gt=0)
     websocket_idle_timeout: float = Field(default=DEFAULT_WEBSOCKET_IDLE_TIMEOUT, gt=0)
     websocket_history_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
+    # Bytes of frames a socket queues behind its running turn; past them it is not read until the turn ends.
+    websocket_queue_bytes: int = Field(default=DEFAULT_WEBSOCKET_QUEUE_BYTES, gt=0)
     # Processes serving the one listening socket (proxy/http/workers.py); the limits above are per worker.
     workers: int = Field(default=1, ge=1)
     # Browsers (proxy/http/local_guard.py): web origins whose pages may call the proxy (none: agents, SDKs and curl

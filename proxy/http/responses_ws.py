@@ -5,9 +5,22 @@ One socket carries one agent session: text frames of `response.create`
 frames. Each turn is run as the HTTP request it stands for
 (proxy/http/ws_turn.py), its history expanded from what the socket holds
 (proxy/http/ws_history.py). The socket is bounded like the HTTP server:
-frame size (`server.max_body_bytes`), open sockets (`server.max_websockets`),
+frame size (`server.max_body_bytes`, told to clients in the handshake header
+`x-codex-websocket-max-message-bytes`), open sockets (`server.max_websockets`),
 idle time (`server.websocket_idle_timeout`), history held
-(`server.websocket_history_bytes`); turns run one at a time, in order.
+(`server.websocket_history_bytes`, for the whole socket); turns run one at a
+time, in order.
+
+Memory per socket is bounded whatever the client sends: frames waiting behind
+the running turn are counted by bytes, and once they reach
+`server.websocket_queue_bytes` (or _QUEUED frames) the socket is not read until
+the turn ends, so the server stops reading it too (as HTTP/2 flow control
+would). A socket holds at most its running turn's frame, the queue (its budget
+plus the frame that filled it), one frame in the server's buffer, and its
+history: 3 x max_body_bytes + websocket_queue_bytes + websocket_history_bytes.
+A big frame is parsed and checked off the event loop, as an HTTP body is
+(proxy/offloop.py). A client that leaves cancels its queued turns and the one
+in flight: nothing more goes upstream for it.
 
 A warm-up (`generate: false`) is answered here, as the API answers it: a
 response with no output whose id the next turn may chain from. The socket
@@ -22,11 +35,12 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections.abc import Coroutine
 from typing import Any
 
-import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from proxy import offloop
 from proxy.config import ServerSettings
 from proxy.errors import BadRequest, PayloadTooLarge, ProxyError
 from proxy.http.ws_history import SocketHistory
@@ -34,10 +48,12 @@ from proxy.http.ws_turn import Outcome, http_headers, proxy_error, run_turn, ws_
 from proxy.logs import event, log
 from proxy.state import ProxyState
 from proxy.wire import jsonio
-from proxy.wire.body import check_depth
+from proxy.wire.body import loads_checked, too_deep_error
 
 _IGNORED = frozenset({"response.processed"})  # Codex's acknowledgement of a response: nothing to answer
-_QUEUED = 8  # frames waiting behind a running turn; more is a client not waiting for its answers
+_QUEUED = 8  # frames waiting behind a running turn at most, however small; then the socket is not read
+# The handshake header that tells a client (Codex reads it) the largest frame the socket takes.
+MAX_MESSAGE_HEADER = "x-codex-websocket-max-message-bytes"
 _GOING_AWAY, _TRY_AGAIN_LATER = 1001, 1013
 _open: dict[int, int] = {}  # open sockets per app (one app per process in production; tests make many)
 
@@ -46,7 +62,7 @@ async def responses_websocket(ws: WebSocket) -> None:
     st: ProxyState = ws.app.state.proxy
     server = st.settings.server
     key = id(ws.app)
-    await ws.accept()
+    await ws.accept(headers=[(MAX_MESSAGE_HEADER.encode(), str(server.max_body_bytes).encode())])
     if _open.get(key, 0) >= server.max_websockets:
         await _refuse(ws, server)
         return
@@ -59,14 +75,15 @@ async def responses_websocket(ws: WebSocket) -> None:
 
 async def _refuse(ws: WebSocket, server: ServerSettings) -> None:
     event("websocket limit reached: refusing a socket", limit=server.max_websockets)
-    await ws.send_bytes(ws_error(429, {"type": "invalid_request_error", "code": "websocket_connection_limit_reached",
+    await ws.send_text(ws_error(429, {"type": "invalid_request_error", "code": "websocket_connection_limit_reached",
                                        "message": f"the proxy holds {server.max_websockets} WebSockets already "
-                                                  "(server.max_websockets); retry shortly", "param": None}))
+                                                  "(server.max_websockets); retry shortly", "param": None}).decode())
     await ws.close(code=_TRY_AGAIN_LATER, reason="websocket connection limit reached")
 
 
 class Socket:
-    """One client socket: its frames read as they come, its turns run one at a time."""
+    """One client socket: its frames read as they come (until the queue's budget is full), its turns run one at a
+    time; the client leaving cancels what is left of them."""
 
     def __init__(self, ws: WebSocket, st: ProxyState) -> None:
         self.ws, self.st = ws, st
@@ -74,6 +91,9 @@ class Socket:
         self.history = SocketHistory(self.server.websocket_history_bytes)
         self.headers = http_headers(ws)
         self.inbox: asyncio.Queue[bytes | str | None] = asyncio.Queue()
+        self.queued = 0  # bytes of the frames in the inbox
+        self.room = asyncio.Event()  # set while the inbox is under its budget: the reader reads
+        self.room.set()
         self.gone = asyncio.Event()
 
     async def serve(self) -> None:
@@ -88,31 +108,52 @@ class Socket:
                         await self.ws.close(code=1000, reason=f"idle for {self.server.websocket_idle_timeout:g} s "
                                                               "(server.websocket_idle_timeout)")
                     return
-                if frame is None:
-                    return
-                await self._one(frame)
+                if frame is None or self.gone.is_set():
+                    return  # the client left: the turns it queued are not run
+                self._taken(frame)
+                await self._until_gone(self._one(frame))
         finally:
             reader.cancel()
             with contextlib.suppress(BaseException):
                 await reader
 
+    async def _until_gone(self, turn: Coroutine[Any, Any, None]) -> None:
+        """Run one frame's turn; the client leaving cancels it (no further round, nothing more upstream)."""
+        task = asyncio.create_task(turn)
+        gone = asyncio.create_task(self.gone.wait())
+        try:
+            await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _queue(self, data: bytes | str) -> None:
+        self.inbox.put_nowait(data)
+        self.queued += len(data)
+        if self.queued >= self.server.websocket_queue_bytes or self.inbox.qsize() >= _QUEUED:
+            self.room.clear()
+
+    def _taken(self, data: bytes | str) -> None:
+        self.queued -= len(data)
+        if self.queued < self.server.websocket_queue_bytes and self.inbox.qsize() < _QUEUED:
+            self.room.set()
+
     async def _read(self) -> None:
-        """Every frame into the inbox as it arrives (so a client that leaves mid-turn is seen at once)."""
+        """Frames into the inbox as they arrive, so a client that leaves mid-turn is seen at once; while the inbox
+        is full the socket is not read (the server then stops reading it: one frame waits there at most)."""
         try:
             while True:
+                await self.room.wait()
                 msg = await self.ws.receive()
                 if msg["type"] == "websocket.disconnect":
                     break
                 data = msg.get("text")
                 data = msg.get("bytes") if data is None else data
-                if data is None:
-                    continue
-                if self.inbox.qsize() >= _QUEUED:
-                    await self._send(proxy_error(BadRequest(
-                        "a response.create arrived while earlier ones are still being answered; send one at a time",
-                        code="response_already_in_flight")))
-                    continue
-                self.inbox.put_nowait(data)
+                if data is not None:
+                    self._queue(data)
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass
         finally:
@@ -134,8 +175,9 @@ class Socket:
         try:
             if size > self.server.max_body_bytes:
                 raise PayloadTooLarge(f"a frame of {size} bytes exceeds the limit of "
-                                      f"{self.server.max_body_bytes} bytes (server.max_body_bytes)")
-            body = _create(frame)
+                                      f"{self.server.max_body_bytes} bytes (server.max_body_bytes)",
+                                      code="websocket_message_too_large")
+            body = _create(frame) if offloop.body_is_light(size) else await offloop.run(_create, frame)
         except ProxyError as err:
             await self._send(proxy_error(err))
             return
@@ -154,7 +196,7 @@ class Socket:
 
     async def _turn(self, body: dict[str, Any], history_size: int, stream_id: str | None) -> None:
         outcome = Outcome()
-        frames = run_turn(self.ws, self.headers, body, stream_id, outcome)
+        frames = run_turn(self.ws, self.headers, body, history_size, stream_id, outcome)
         try:
             async for frame in frames:
                 if self.gone.is_set():
@@ -190,12 +232,11 @@ class Socket:
 def _create(frame: bytes | str) -> dict[str, Any] | None:
     """The Responses body of a `response.create` frame (None for a frame with nothing to answer); a 400 for
     anything else. The older envelope `{"type": "response.create", "response": {...}}` is taken too."""
-    try:
-        data = jsonio.loads(frame if isinstance(frame, bytes) else frame.encode())
-    except orjson.JSONDecodeError as e:
-        raise BadRequest(f"frame is not valid JSON: {e}", code="invalid_json") from None
+    data, too_deep = loads_checked(frame if isinstance(frame, bytes) else frame.encode())
     if not isinstance(data, dict):
         raise BadRequest("frame must be a JSON object")
+    if too_deep:  # before anything writes it back (orjson cannot write such values safely)
+        raise too_deep_error()
     kind = data.pop("type", None)
     if isinstance(kind, str) and kind in _IGNORED:
         return None
@@ -205,5 +246,4 @@ def _create(frame: bytes | str) -> dict[str, Any] | None:
     inner = data.get("response")
     if isinstance(inner, dict) and "model" not in data and "input" not in data:
         data = inner
-    check_depth(data)  # before anything writes it back (orjson cannot write such values safely)
     return data

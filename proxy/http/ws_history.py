@@ -10,9 +10,10 @@ new items. Rewriting then sees the whole conversation, as on the HTTP path,
 and the same history becomes the same upstream bytes however it arrived.
 
 Only a few of the latest responses are kept (a client chains from the last
-one; a fork from an earlier one is rare), and none whose history passes the
-socket's byte budget: such a turn is then forwarded as sent, as the HTTP
-path forwards an id it does not hold.
+one; a fork from an earlier one is rare), within the socket's byte budget
+counted over all of them (the oldest go first), and none whose history alone
+passes it: such a turn is then forwarded as sent, as the HTTP path forwards an
+id it does not hold.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class SocketHistory:
             return False
         self._held[response_id] = Held((*sent_input, *output), size)
         self._held.move_to_end(response_id)
-        while len(self._held) > KEPT_RESPONSES:
+        while len(self._held) > KEPT_RESPONSES or sum(h.size for h in self._held.values()) > self.max_bytes:
             self._held.popitem(last=False)
         return True
 

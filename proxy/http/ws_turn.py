@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.websockets import WebSocket
 
-from proxy import errors
+from proxy import errors, offloop
 from proxy.http.handler import handle
 from proxy.wire import jsonio
 from proxy.wire.responses.codec import RESPONSES
@@ -105,10 +105,12 @@ def proxy_error(err: errors.ProxyError, stream_id: str | None = None) -> bytes:
                     stream_id=stream_id)
 
 
-async def run_turn(ws: WebSocket, headers: list[tuple[bytes, bytes]], body: dict[str, Any],
+async def run_turn(ws: WebSocket, headers: list[tuple[bytes, bytes]], body: dict[str, Any], size: int,
                    stream_id: str | None, outcome: Outcome) -> AsyncGenerator[bytes, None]:
-    """The turn's frames, in order; `outcome` says how it ended."""
-    resp = await handle(http_request(ws, headers, jsonio.dumps(body)), RESPONSES)
+    """The turn's frames, in order; `outcome` says how it ended. `size`: the bytes of JSON `body` stands for (a big
+    body is written off the event loop, as the HTTP path writes one)."""
+    raw = jsonio.dumps(body) if offloop.body_is_light(size) else await offloop.run(jsonio.dumps, body)
+    resp = await handle(http_request(ws, headers, raw), RESPONSES)
     if isinstance(resp, StreamingResponse):
         async for frame in _stream_frames(resp, stream_id, outcome):
             yield frame
