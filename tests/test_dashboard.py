@@ -339,3 +339,56 @@ def test_dashboard_shows_the_crafted_figures_and_what_went_upstream(chromium, up
     kinds = {pos: kind for pos, (kind, _) in shown.items()}
     assert kinds == {2: "summary", len(agent[1]["messages"]) - 1: "status"}
     assert shown[2][1] == agent[1]["messages"][2]["content"] and crafted.SUMMARY in shown[2][1]
+
+
+def _client_texts(dom: str) -> list[str]:
+    """The text shown in each row of the client's own messages, from the inspector card."""
+    card = dom[dom.index('id="inspector-rows"'):]
+    card = card[:card.index("</tbody>")]
+    return [html.unescape(t) for t in re.findall(r'<tr data-kind="client">.*?<pre>(.*?)</pre>', card, re.S)]
+
+
+def test_the_inspector_shows_the_text_of_tool_calls_and_their_outputs(chromium, upstream, tmp_path):
+    """A Responses output's text is in `output` (a string or parts), a call's in its arguments or input, a
+    Messages call is a tool_use part: each is shown, the placeholders the proxy sent for them too."""
+    from test_responses_api import big_log
+
+    settings = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/tools.db", logging={"log_content": True},
+                             defaults={"status_bar": {"enabled": False}, "offload": {"tool_result_tokens": 2000}})
+    auth = {"authorization": "Bearer sk-dashboard"}
+    responses, messages = f"resp-{uuid.uuid4().hex[:8]}", f"msgs-{uuid.uuid4().hex[:8]}"
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Find it."}]},
+             {"type": "function_call", "name": "shell", "arguments": '{"command":"cat a.log"}', "call_id": "c1"},
+             {"type": "function_call_output", "call_id": "c1", "output": big_log()},
+             {"type": "function_call", "name": "shell", "arguments": '{"command":"ls"}', "call_id": "c2"},
+             {"type": "function_call_output", "call_id": "c2",
+              "output": [{"type": "input_text", "text": "a.log b.log"}]},
+             {"type": "custom_tool_call", "name": "apply_patch", "input": "*** Begin Patch", "call_id": "c3"},
+             {"type": "custom_tool_call_output", "call_id": "c3", "output": "Done!"}]
+    def tool_use(id_: str, cmd: str) -> dict:
+        return {"type": "tool_use", "id": id_, "name": "bash", "input": {"cmd": cmd}}
+
+    turns = [{"role": "user", "content": "Find it."},
+             {"role": "assistant", "content": [{"type": "text", "text": "Looking."}, tool_use("t1", "cat")]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": big_log()}]},
+             {"role": "assistant", "content": [tool_use("t2", "ls")]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2",
+                                           "content": [{"type": "text", "text": "c.log d.log"}]}]}]
+    with ProxyServer(settings) as p:
+        r = httpx.post(p.url + "/v1/responses", headers={**auth, "x-session-id": responses}, timeout=30,
+                       json={"model": "gpt-5", "input": items})
+        assert r.status_code == 200 and r.headers["x-ctxproxy-offloaded"] == "1", r.text
+        placeholder = upstream.requests[-1].json["input"][2]["output"]
+        r = httpx.post(p.url + "/v1/messages", headers={**auth, "x-session-id": messages}, timeout=30,
+                       json={"model": "claude-sonnet-4-6", "max_tokens": 100, "messages": turns})
+        assert r.status_code == 200 and r.headers["x-ctxproxy-offloaded"] == "1", r.text
+        block = upstream.requests[-1].json["messages"][2]["content"][0]["content"]
+        settled_stats(p, 2)
+        doms = [dump_dom(chromium, f"{p.url}/ctx/ui#session={s}&request=1", tmp_path) for s in (responses, messages)]
+
+    assert _inspector_rows(doms[0]) == {2: ("offload", placeholder)}
+    assert _client_texts(doms[0]) == ['Find it.\n\nshell({"command":"cat a.log"})',
+                                      'shell({"command":"ls"})\n\na.log b.log\n\napply_patch(*** Begin Patch)\n\nDone!']
+    assert _inspector_rows(doms[1]) == {2: ("offload", block)}
+    assert _client_texts(doms[1]) == ['Find it.\n\nLooking.\nbash({"cmd":"cat"})',
+                                      'bash({"cmd":"ls"})\n\nc.log d.log']
