@@ -261,6 +261,27 @@ def dumps(obj: Any) -> bytes:
         return orjson.dumps(_exact_ints(obj))
 
 
+class TooDeep(ValueError):
+    """A value nested deeper than any JSON writer here takes (past the interpreter's recursion limit)."""
+
+
+def dumps_any(obj: Any, read_from: int | None = None) -> bytes:
+    """`dumps` for a value of any depth a provider may send (orjson reads up to 1024 levels): orjson writes
+    what nests at most SAFE_DEPTH levels; the standard library (slower, the same JSON, compact) what nests
+    deeper, which orjson cannot write safely. For what the proxy rewrites of a provider's answer; a value
+    nested past what the standard library writes (about 900 levels) raises TooDeep.
+
+    `read_from`: the length of the text `obj` was read from (changed since in scalars only), when known. A text
+    shorter than 2 * (SAFE_DEPTH + 1) bytes cannot nest past SAFE_DEPTH (each level opens and closes), so the
+    value is not walked (most stream events the proxy renumbers are that short)."""
+    if (read_from is not None and read_from < 2 * (SAFE_DEPTH + 1)) or not deeper_than(obj):
+        return dumps(obj)
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except RecursionError:
+        raise TooDeep("nested too deep to write") from None
+
+
 # A body holding a list longer than this is written element by element (the same bytes): one C call over
 # 18 MB holds the GIL for a quarter of a second, every other request's too, even on the pool.
 PIECES_FROM = 512

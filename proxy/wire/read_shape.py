@@ -13,8 +13,11 @@ only this narrow, typed shape (no I/O, no store, no upstream client):
   renumbering rule, kept across rounds so the client sees one valid stream.
 
 A reply or event the shape cannot read raises `IllFormed`; the loop then
-relays a first answer as it came and refuses a hidden one with
-`HiddenRoundFailed`, which carries none of the provider's bytes.
+relays a first answer as it came (unless the round already hid the proxy's
+call: then it ends the stream with an error) and refuses a hidden one with
+`HiddenRoundFailed`, which carries none of the provider's bytes. What a shape
+rewrites of a provider's answer it writes with `jsonio.dumps_any`: the answer
+may nest deeper than orjson writes safely.
 """
 
 from __future__ import annotations
@@ -114,6 +117,12 @@ class StreamRound(Protocol):
     """One round's events: what the client gets of each, and what the round said once it ended."""
 
     finished: bool  # the round's terminal event came
+
+    @property
+    def hid(self) -> bool:
+        """Whether the client was kept from some of the round's events already (the proxy's call's): the round
+        can no longer be relayed as it came, since what followed would show the call."""
+        ...
 
     def event(self, data: Any, raw: bytes) -> bytes:
         """The client's bytes for one event now (b"": held or dropped); `data` is its parsed JSON (a dict,

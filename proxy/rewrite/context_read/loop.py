@@ -11,7 +11,17 @@ its API's shape. Each API supplies only its shapes (proxy/wire/read_shape.py).
 
 The failure policy, the same for every API:
 - a first answer the loop cannot read reaches the client as it came (a
-  stream from the first unreadable event on, untouched);
+  stream from the first unreadable event on, untouched), unless the proxy
+  already hid some of it (its own call's events): it then cannot be relayed
+  as it came, and the stream ends with one error in the client's API shape
+  (what was relayed after that point would show the proxy's call);
+- a value nested deeper than orjson writes safely (jsonio.SAFE_DEPTH) does
+  not make a first answer unreadable: it is read like any other, so the
+  proxy's call in it or beside it is answered or removed, never relayed;
+  what of it the proxy rewrites is written by jsonio.dumps_any, never by
+  orjson, and an answer nested past what any writer takes, which would have
+  to be rewritten to remove the proxy's call, is one error in the client's
+  API shape;
 - a provider's error (status or stream event) in the first round is the
   client's, as sent, and ends the stream without a second error;
 - an unusable answer to a hidden round (error status, not the API's shape,
@@ -21,6 +31,10 @@ The failure policy, the same for every API:
 - a round the proxy cannot continue (its answer cannot be encoded back)
   ends the loop as the last round does: the client gets the answer with the
   proxy's calls removed.
+
+The proxy's own call never reaches the client: what the loop relays untouched
+holds none the loop could have answered, and what it rewrites is written
+without them.
 """
 
 from __future__ import annotations
@@ -38,12 +52,26 @@ from proxy.store.archive import Archive
 from proxy.upstream.client import iter_raw, read_body
 from proxy.wire import jsonio
 from proxy.wire.codec import Item
-from proxy.wire.read_shape import IllFormed, ReadShape, Reply, hidden_failure, is_error_body
+from proxy.wire.read_shape import (
+    HiddenRoundFailed,
+    IllFormed,
+    ReadShape,
+    Reply,
+    StreamRound,
+    hidden_failure,
+    is_error_body,
+)
 from proxy.wire.sse import DONE, StreamCutShort, event_data, event_payload, split_events
 from proxy.wire.usage import Usage, parse_usage, summed
 
 Send = Callable[[bytes], Awaitable[httpx.Response]]
 SSE = "text/event-stream"
+
+
+def unpassable(why: str) -> HiddenRoundFailed:
+    """The error for a first answer that calls the proxy's tool and cannot be passed on without that call."""
+    return HiddenRoundFailed(f"the provider's answer called the proxy's context_read tool and then could not be "
+                             f"read or rewritten without that call ({why}); the rest of it was not passed on")
 
 
 class ReadLoop:
@@ -108,14 +136,14 @@ class ReadLoop:
                 return resp, content
             try:
                 reply = self.shape.reply(content)
-                if jsonio.deeper_than(reply.data):  # orjson cannot write it back safely (proxy/wire/jsonio.py)
+                if hidden and jsonio.deeper_than(reply.data):  # orjson cannot write it back safely (jsonio.py)
                     raise IllFormed("nested too deep")
             except IllFormed as bad:
                 if hidden:
                     raise hidden_failure(resp.status_code, content, ctype, str(bad)) from None
                 return resp, content
             if not reply.ours and not hidden:
-                return resp, content
+                return resp, content  # nothing of the proxy's: as it came, however deep it nests
             if self._takes_another(reply):
                 payload = await self._next(reply)
                 if payload is not None:
@@ -124,7 +152,10 @@ class ReadLoop:
             data = self.shape.without_ours(reply) if reply.ours else reply.data
             if self.usages and isinstance(data.get("usage"), dict):
                 data["usage"] = self._summed(data["usage"])
-            return resp, jsonio.dumps(data)  # usage summed over rounds may pass 64 bits, which orjson refuses
+            try:  # a first answer may nest past what orjson writes safely; usage summed may pass 64 bits
+                return resp, jsonio.dumps_any(data)
+            except jsonio.TooDeep:
+                raise unpassable("nested too deep") from None
 
     # ---- streamed
     async def stream(self, first: httpx.Response) -> AsyncIterator[bytes]:
@@ -151,12 +182,8 @@ class ReadLoop:
                         if not hidden:
                             out.append(ev)  # a comment, a keep-alive, or data the API does not define
                         continue
-                    if isinstance(data, dict) and jsonio.deeper_than(data):
-                        if hidden:
-                            raise hidden_failure(200, b"", SSE, "an event nested too deep")
-                        out += [*rnd.held(), ev]  # unreadable: the rest as it came (never written back)
-                        relay = True
-                        continue
+                    if hidden and isinstance(data, dict) and jsonio.deeper_than(data):
+                        raise hidden_failure(200, b"", SSE, "an event nested too deep")
                     if isinstance(data, dict) and self.shape.is_error_event(data):
                         if hidden:
                             raise hidden_failure(200, orjson.dumps(data), SSE, "an error event")
@@ -165,9 +192,14 @@ class ReadLoop:
                         continue
                     try:
                         out.append(rnd.event(data, ev))
+                    except jsonio.TooDeep:
+                        raise (hidden_failure(200, b"", SSE, "an event nested too deep") if hidden
+                               else unpassable("an event nested too deep")) from None
                     except IllFormed as bad:
                         if hidden:
                             raise hidden_failure(200, b"", SSE, str(bad)) from None
+                        if rnd.hid:  # the proxy's call was hidden: relayed from here, its end would show it
+                            raise unpassable(str(bad)) from None
                         out += [*rnd.held(), ev]
                         relay = True
                 if out and (joined := b"".join(out)):
@@ -186,11 +218,17 @@ class ReadLoop:
                 if payload is not None:
                     resp = await self.send(payload)
                     continue
-            for ev in rnd.closing(reply, self._summed(reply.usage) if self.usages else None):
+            for ev in self._closing(rnd, reply):
                 yield ev
             if buffer and not hidden:  # an unterminated last event after the end: passed on, as SSE leaves it
                 yield bytes(buffer)
             return
+
+    def _closing(self, rnd: StreamRound, reply: Reply) -> list[bytes]:
+        try:
+            return rnd.closing(reply, self._summed(reply.usage) if self.usages else None)
+        except jsonio.TooDeep:
+            raise unpassable("nested too deep") from None
 
     async def _check_hidden(self, resp: httpx.Response) -> None:
         """A hidden round's streamed answer must be a 200 event stream; anything else is read and refused."""

@@ -5,7 +5,9 @@ with the assistant message and a `tool` message per call. Streamed, text
 passes through as it arrives; the round's tool-call fragments, its finish,
 usage and [DONE] chunks are held until it ends, since only then is it known
 whether the proxy answers them (the client then never sees them) or the client
-gets them, the proxy's calls removed and the client's renumbered from 0.
+gets them, the proxy's calls removed and the client's renumbered from 0
+(written by jsonio.dumps_any: a first round's chunk may nest past what orjson
+writes safely).
 A hidden round's chunks are rebuilt from their parsed data, never the
 provider's bytes, and its repeated opening chunk is dropped.
 """
@@ -16,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from proxy.wire import jsonio
 from proxy.wire.chat.reply import completion, delta
 from proxy.wire.codec import Body, Item
 from proxy.wire.read_shape import Call, Reply, provider_error
@@ -107,6 +110,10 @@ class ChatRound:
             self._text.append(part.delta["content"])
         return ev
 
+    @property
+    def hid(self) -> bool:
+        return False  # a first round hides nothing: its calls are held, relayed with the rest if it turns unreadable
+
     def held(self) -> list[bytes]:
         return [ev for ev, _ in self._held]
 
@@ -121,7 +128,7 @@ class ChatRound:
         out = []
         for ev, chunk in self._held:
             if is_usage_chunk(chunk) and usage is not None:
-                ev = b"data: " + orjson.dumps({**chunk, "usage": usage}) + b"\n\n"
+                ev = b"data: " + jsonio.dumps_any({**chunk, "usage": usage}) + b"\n\n"
             part = delta(chunk)  # held chunks were checked when they arrived
             if not ours or part is None or not part.choice:
                 out.append(ev)
@@ -136,7 +143,7 @@ class ChatRound:
                     part.delta.pop("tool_calls")
             if part.choice.get("finish_reason") == "tool_calls" and not renumber:
                 part.choice["finish_reason"] = "stop"
-            out.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            out.append(b"data: " + jsonio.dumps_any(chunk, len(ev)) + b"\n\n")
         return out
 
 

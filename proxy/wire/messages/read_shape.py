@@ -7,6 +7,11 @@ user turn. Streamed, the client gets one valid event stream: one
 `message_start`, every block of every round with consecutive indexes, the
 proxy's `tool_use` blocks never shown, one `message_delta` whose usage covers
 every round (cumulative, as the API reports it), one `message_stop`.
+
+A read call whose input cannot be written back (nested past jsonio.SAFE_DEPTH)
+is answered as one whose streamed input is garbled: the model is told its
+arguments were unusable, and the assistant turn sent back carries the call with
+an empty input.
 """
 
 from __future__ import annotations
@@ -49,9 +54,15 @@ class MessagesReadShape:
             and isinstance(block.get("id"), str)
 
     def _reply(self, data: dict[str, Any], content: list[Any], usage: Any) -> Reply:
-        ours = [Call(b["id"], _arguments(b)) for b in content if self.is_ours(b)]
+        ours, sent = [], []  # sent: the content as the next round carries it back
+        for b in content:
+            if self.is_ours(b):
+                ours.append(Call(b["id"], _arguments(b)))
+                if not ours[-1].arguments:  # unwritable input: answered as bad arguments, sent back empty
+                    b = {**b, "input": {}}
+            sent.append(b)
         calls = sum(1 for b in content if isinstance(b, dict) and b.get("type") == "tool_use")
-        return Reply(data, ours, calls - len(ours), [{"role": "assistant", "content": content}], usage)
+        return Reply(data, ours, calls - len(ours), [{"role": "assistant", "content": sent}], usage)
 
     def reply(self, content: bytes) -> Reply:
         try:
@@ -171,7 +182,11 @@ class MessagesRound:
         if idx in self.ours:
             return b""
         new = self.index.get(idx, idx)
-        return raw if new == idx else named_event(kind, jsonio.dumps({**data, "index": new}))
+        return raw if new == idx else named_event(kind, jsonio.dumps_any({**data, "index": new}, len(raw)))
+
+    @property
+    def hid(self) -> bool:
+        return bool(self.ours)
 
     def _well_formed(self, kind: str, data: dict[str, Any]) -> bool:
         """A content block event whose parts have their documented types, of a block that was started (or starts
@@ -202,4 +217,4 @@ class MessagesRound:
             data["delta"] = {**delta, "stop_reason": "end_turn"}
         if usage is not None:
             data["usage"] = usage
-        return [named_event("message_delta", jsonio.dumps(data)), self.stop]
+        return [named_event("message_delta", jsonio.dumps_any(data)), self.stop]

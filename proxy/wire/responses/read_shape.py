@@ -9,6 +9,12 @@ valid event stream: one `response.created`, the proxy's call items dropped,
 rounds, and one terminal event whose `output` lists what the client was shown
 (never the proxy's calls, whether or not their `output_item.done` came) and
 whose `usage` covers every round.
+
+No event whose item is the proxy's call is passed on. In a first round an
+item that is not an object (null, a string) is the client's to judge, and the
+`output_item.done` of the proxy's call may carry anything: its call is known
+from its `output_item.added` (and the terminal event's `output`), so the round
+goes on and the call is answered. In a hidden round either is refused.
 """
 
 from __future__ import annotations
@@ -111,7 +117,7 @@ class ResponsesStream:
             data["sequence_number"] = self.seq - 1
         if idx is not None:
             data["output_index"] = new_idx
-        return named_event(kind, jsonio.dumps(data))
+        return named_event(kind, jsonio.dumps_any(data, len(ev)))
 
 
 class ResponsesRound:
@@ -123,7 +129,8 @@ class ResponsesRound:
         self.index: dict[int, int] = {}  # this round's provider output_index -> the client's
         self.dropped: set[int] = set()  # this round's output indexes of the proxy's own calls
         self.ours: list[Any] = []  # the proxy's call items, as their output_item.done gave them
-        self.calls = 0
+        self.added: dict[int, Any] = {}  # the proxy's call items, as their output_item.added gave them
+        self.calling: set[int] = set()  # this round's output indexes of calls (the proxy's and the client's)
         self.shown_from = len(stream.shown)  # where this round's items start in what the client was shown
 
     def event(self, data: Any, raw: bytes) -> bytes:
@@ -144,27 +151,45 @@ class ResponsesRound:
             item = self._item(data)
             if self.shape.is_ours(item):
                 self.dropped.add(idx)
+                self.added[idx] = item
             else:
                 self.index[idx] = self.stream.next_index
                 self.stream.next_index += 1
             if _type(item) in _CALL_TYPES:
-                self.calls += 1
+                self.calling.add(idx)
         if idx is not None and idx in self.dropped:
             if kind == "response.output_item.done":
                 item = data.get("item")
                 if not self.shape.is_ours(item):
-                    raise IllFormed("the proxy's call item changed at its end")
+                    if self.hidden:
+                        raise IllFormed("the proxy's call item changed at its end")
+                    item = self.added[idx]  # the call as it was announced; the terminal's output has the last word
                 self.ours.append(item)
             return b""
         if kind == "response.output_item.done" and idx is not None:
-            self.stream.shown.append(self._item(data))
+            item = self._item(data)
+            if self.shape.is_ours(item):  # announced as something else (or nothing): never shown all the same
+                if self.hidden:
+                    raise IllFormed("an output item that became the proxy's call at its end")
+                self.ours.append(item)
+                self.calling.add(idx)
+                return b""
+            if item is not None:
+                self.stream.shown.append(item)
         return self.stream.renumbered(raw, kind, data, self.index.get(idx) if idx is not None else None)
 
-    def _item(self, data: dict[str, Any]) -> dict[str, Any]:
-        """An event's output item: an object, and in a hidden round one of a named type."""
+    @property
+    def hid(self) -> bool:
+        return bool(self.dropped or self.ours)
+
+    def _item(self, data: dict[str, Any]) -> dict[str, Any] | None:
+        """An event's output item: in a hidden round an object of a named type (else IllFormed); in a first one
+        whatever came, None if it is not an object (the event is the client's to judge)."""
         item = data.get("item")
         if not isinstance(item, dict) or (self.hidden and _type(item) is None):
-            raise IllFormed("an output item that is not an object of a named type")
+            if self.hidden:
+                raise IllFormed("an output item that is not an object of a named type")
+            return None
         return item
 
     def held(self) -> list[bytes]:
@@ -182,7 +207,7 @@ class ResponsesRound:
         response, listed = self._response(), self._listed()
         output = listed if listed is not None else self.ours
         ours = self.shape.ours_of(output)
-        calls = self.shape.calls(listed) if listed is not None else self.calls
+        calls = self.shape.calls(listed) if listed is not None else len(self.calling)
         return Reply(response, ours, calls - len(ours), list(output), response.get("usage"), response.get("id"),
                      done=self.terminal.get("type") == "response.completed")
 
@@ -200,5 +225,5 @@ class ResponsesRound:
             if isinstance(seq, int) and not isinstance(seq, bool):
                 terminal["sequence_number"] = self.stream.seq
             self.stream.seq += 1
-            return [named_event(kind, jsonio.dumps(terminal))]
+            return [named_event(kind, jsonio.dumps_any(terminal))]
         return [self.stream.renumbered(self.terminal_raw, kind, terminal)]
