@@ -30,10 +30,12 @@ import logging
 import time
 from typing import Any, ClassVar
 
+from starlette.requests import Request
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.config import ServerSettings
-from proxy.errors import error_body
+from proxy.errors import BadRequest, error_body
+from proxy.http.relay import client_codec
 from proxy.logs import event
 
 _LIMIT_LOG_EVERY = 10.0  # seconds between two "connection limit reached" log lines
@@ -149,8 +151,10 @@ class GuardedProtocol(HttpToolsProtocol):
         super().handle_websocket_upgrade()
 
     async def _headers_too_large(self, scope: Any, receive: Any, send: Any) -> None:
-        await _send_error(send, 431, error_body(self._too_large_message(), "invalid_request_error",
-                                                "request_headers_too_large"))
+        """The 431 in the shape of the API the client speaks (Anthropic's on /v1/messages, as relay answers)."""
+        err = BadRequest(self._too_large_message(), code="request_headers_too_large")
+        err.status = 431
+        await _send_error(send, 431, client_codec(Request(scope)).error_body(err))
 
     def on_response_complete(self) -> None:
         idle = not self.pipeline  # else the next pipelined request starts now, its headers long complete
@@ -185,7 +189,7 @@ async def _over_limit(scope: Any, receive: Any, send: Any) -> None:
 
 
 async def _send_error(send: Any, status: int, body: bytes, *extra: tuple[bytes, bytes]) -> None:
-    """An OpenAI-shaped error answered by the protocol's own ASGI app, the connection closed after it."""
+    """An error answered by the protocol's own ASGI app, the connection closed after it."""
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *extra, (b"connection", b"close")]})
