@@ -28,6 +28,7 @@ from proxy.http.passthrough import passthrough
 from proxy.http.responses import responses
 from proxy.http.responses_ws import responses_websocket
 from proxy.logs import flush_logs
+from proxy.redact import register_settings
 from proxy.state import ProxyState, state_of
 from proxy.store import open_store
 from proxy.store.guarded import GuardedStore
@@ -77,6 +78,7 @@ def _header(scope: Scope, name: bytes) -> str | None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; settings default to config file / environment / built-ins."""
     settings = settings or load_settings()
+    register_settings(settings)  # its passwords and keys masked wherever printed, in every worker
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -10,7 +10,7 @@ from proxy.cli_check import check, config_warnings, startup_line
 from proxy.cli_stats import DEFAULT_URL, WINDOWS, Failure, stats
 from proxy.config import Settings, load_settings
 from proxy.errors import ConfigError
-from proxy.redact import redact
+from proxy.redact import redact, redact_url, register_secrets, register_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,8 +72,8 @@ def _serve(settings: Settings) -> None:
     except TokenizerUnavailable as e:
         raise SystemExit(f"ctxproxy: {e}") from None
     server = settings.server
-    event("ctxproxy starting", listen=f"http://{server.host}:{server.port}", store=redact(settings.store),
-          routes={r.name: redact(r.upstream.base_url) for r in settings.routes},
+    event("ctxproxy starting", listen=f"http://{server.host}:{server.port}", store=redact_url(settings.store),
+          routes={r.name: redact_url(r.upstream.base_url) for r in settings.routes},
           header_timeout=server.header_timeout, body_timeout=server.body_timeout,
           keep_alive_timeout=server.keep_alive_timeout, max_connections=server.max_connections,
           workers=server.workers)
@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(replay_main(args))
     if args.command == "stats":
+        register_secrets(args.token, os.environ.get("CTXPROXY_ADMIN_TOKEN"), args.api_key)  # an error may echo one
         try:
             stats(args)
         except Failure as e:
@@ -115,11 +116,12 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(redact(f"ctxproxy: invalid configuration: {e}"), file=sys.stderr)
         raise SystemExit(2) from None
+    register_settings(settings)  # before anything is printed: no line may show a password or key it holds
     if args.command == "serve":
         print(startup_line(settings, args.config or os.environ.get("CTXPROXY_CONFIG") or "built-in defaults"),
               flush=True)
         for w in config_warnings(settings):
-            print(f"ctxproxy: warning: {w}", file=sys.stderr, flush=True)
+            print(redact(f"ctxproxy: warning: {w}"), file=sys.stderr, flush=True)
         _serve(settings)
     else:
         try:

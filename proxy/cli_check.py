@@ -17,7 +17,7 @@ from proxy import cli_probe as probe
 from proxy.config import Route, Settings
 from proxy.errors import ProxyError
 from proxy.http.routing import resolve_route
-from proxy.redact import redact
+from proxy.redact import redact, redact_url
 from proxy.upstream.windows import BUILTIN_WINDOWS
 
 
@@ -62,7 +62,7 @@ def check(settings: Settings, offline: bool = False) -> int:
     """Print what the configuration will do; 0, or 1 when the store does not answer (the reason on stderr)."""
     store_problem = None if offline else probe.store_problem(settings.store)
     state = "not asked (--offline)" if offline else ("answers" if store_problem is None else "UNREACHABLE")
-    print(f"store: {redact(settings.store)}: {state}")
+    print(f"store: {redact_url(settings.store)}: {state}")
     facts = [f"{m} {_tokens(f.context_window)}" for m, f in settings.models.items() if f.context_window]
     print("model windows, from models: " + (", ".join(facts) or "none"))
     print("  built-in: " + ", ".join(f"{g} {_tokens(n)}" for g, n in BUILTIN_WINDOWS))
@@ -72,7 +72,7 @@ def check(settings: Settings, offline: bool = False) -> int:
         glob = r.match.model or "-"
         key = f"key from ${r.upstream.api_key_env}" if r.upstream.api_key_env else "client's key"
         api = r.upstream.speaks() or "openai+anthropic"
-        print(f"route {r.name}: model {glob} -> {redact(r.upstream.base_url)} ({api} API, {key})")
+        print(f"route {r.name}: model {glob} -> {redact_url(r.upstream.base_url)} ({api} API, {key})")
         if not offline:
             why = reached.get(r.upstream.base_url)
             print("  upstream: " + ("answers" if why is None else redact(f"UNREACHABLE ({why})")))
@@ -92,8 +92,8 @@ def check(settings: Settings, offline: bool = False) -> int:
         print(redact(f"warning: {w}"), file=sys.stderr)
     if store_problem is not None:
         why = store_problem.rstrip(".")
-        print(redact(f"ctxproxy: store {settings.store} is unreachable: {why}; requests would be forwarded "
-                     f"unmodified (no offload, compression or status bar)"), file=sys.stderr)
+        print(redact(f"ctxproxy: store {redact_url(settings.store)} is unreachable: {why}; requests would be "
+                     f"forwarded unmodified (no offload, compression or status bar)"), file=sys.stderr)
         return 1
     return 0
 
@@ -125,7 +125,7 @@ def config_warnings(settings: Settings) -> list[str]:
 
 def startup_line(settings: Settings, source: str) -> str:
     """One line that says where requests will go, where state is kept and which config was read."""
-    routes = ", ".join(f"{r.name} -> {redact(r.upstream.base_url)}" for r in settings.routes)
+    routes = ", ".join(f"{r.name} -> {redact_url(r.upstream.base_url)}" for r in settings.routes)
     workers = f" with {settings.server.workers} workers" if settings.server.workers > 1 else ""
     return (f"ctxproxy: listening on http://{settings.server.host}:{settings.server.port}{workers}; routes: {routes}; "
-            f"store: {redact(settings.store)}; config: {source}")
+            f"store: {redact_url(settings.store)}; config: {source}")

@@ -3,8 +3,9 @@
 Fields are chosen by the caller from a fixed vocabulary (ids, route, model,
 session, status, timings, counts); message text only goes in when
 `logging.log_content` is on (proxy/accounting/accountant.py adds the client's new
-messages to the request's line). A password in a URL anywhere in a line (a
-store URL in an error, a traceback) is masked before the line is written.
+messages to the request's line). A secret anywhere in a line (a store URL's
+password in an error, a traceback, a field; an API key) is masked before the line is
+written (proxy/redact.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import IO, Any
 
 import orjson
 
-from proxy.redact import redact
+from proxy.redact import redact_value, suspect
 
 LOGGER_NAME = "ctxproxy"
 log = logging.getLogger(LOGGER_NAME)
@@ -50,7 +51,10 @@ class JsonFormatter(logging.Formatter):
             out.update(fields)
         if exc:
             out["exc"] = exc
-        return redact(orjson.dumps(out, default=str).decode())
+        line = orjson.dumps(out, default=str)
+        if suspect(line):  # the values are masked, not the line: in it a '"' or '\\' of a password is escaped
+            line = orjson.dumps({k: redact_value(v) for k, v in out.items()}, default=str)
+        return line.decode()
 
 
 FLUSH_DELAY = 0.05  # seconds a request's line may wait to be written with the lines after it

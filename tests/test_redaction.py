@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -96,3 +97,54 @@ def test_log_lines_mask_url_passwords_in_messages_fields_and_tracebacks():
     out = json.loads(line)
     assert out["msg"] == "store http://u:***@h down" and out["store"] == "redis://:***@10.0.0.1:6379/0"
     assert "redis://:***@10.0.0.1:6379/0" in out["exc"]
+
+
+# A password the old pattern (RFC 3986 userinfo characters) did not reach: '^', '{', '}', '"', '\'; a sentinel
+# password in the query, which it never looked at.
+ODD = 'pa^{ss}"wo\\rd'
+ODD2 = "sent^{inel}pw"
+
+
+def _no_odd_secret(text: str) -> None:
+    for s in (ODD, ODD2, json.dumps(ODD)[1:-1], "ss}", "inel}"):
+        assert s not in text, (s, text)
+
+
+def test_check_online_and_offline_never_print_an_odd_store_password():
+    store = f"redis://:{ODD}@127.0.0.1:1/0?sentinel_password={ODD2}"  # port 1: refused, the store is down
+    offline, online = run_side_by_side(*([sys.executable, "-m", "proxy.cli", "check", *extra]
+                                         for extra in (["--offline"], [])),
+                                       cwd=ROOT, env=_env({"CTXPROXY_STORE": store}))
+    assert offline.returncode == 0 and online.returncode == 1, (offline.stderr, online.stderr)
+    assert "store: redis://:***@127.0.0.1:1/0?sentinel_password=***: UNREACHABLE" in online.stdout
+    for r in (offline, online):
+        _no_odd_secret(r.stdout + r.stderr)
+
+
+def test_serve_with_a_dead_store_never_prints_an_odd_password(tmp_path, upstream):
+    """The start-up line, `ctxproxy starting`, and the store-unavailable warning (at start and after /readyz)."""
+    store = f"redis://user:{ODD}@127.0.0.1:1/0?sentinel_password={ODD2}"
+    out, log = tmp_path / "out.txt", tmp_path / "proxy.log"
+    port = test_serve.free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)], cwd=tmp_path,
+                            env=_env({"CTXPROXY_UPSTREAM": upstream.base_url, "CTXPROXY_STORE": store}),
+                            stdout=out.open("w"), stderr=log.open("w"))
+    s = test_serve.Served(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(s.url + "/readyz", timeout=1).status_code == 503:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.1)
+    finally:
+        test_serve.stop(s)
+    _no_odd_secret(out.read_text() + log.read_text())
+    assert "store: redis://user:***@127.0.0.1:1/0?sentinel_password=***" in out.read_text()
+    lines = s.log_lines()
+    start = next(line for line in lines if line["msg"] == "ctxproxy starting")
+    assert start["store"] == "redis://user:***@127.0.0.1:1/0?sentinel_password=***"
+    down = next(line for line in lines if line["msg"].startswith("store unavailable"))
+    assert down["store"] == start["store"]

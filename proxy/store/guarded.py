@@ -34,6 +34,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from proxy.logs import event
+from proxy.redact import redact_url
 from proxy.store.base import Store, StoreError
 from proxy.store.keys import tenant_key
 from proxy.telemetry import OFF, Tracing
@@ -125,7 +126,7 @@ class GuardedStore:
     def __init__(self, inner: Store, timeout: float | None = None, backoff: float | None = None,
                  max_backoff: float | None = None, name: str = "store") -> None:
         self.inner = inner
-        self.name = name  # how the log names it (its URL: the log masks a password in it)
+        self.name = redact_url(name)  # how the log names it: its URL, any password masked (not only the log's guess)
         self.timeout = TIMEOUT_S if timeout is None else timeout
         self.backoff = BACKOFF_S if backoff is None else backoff
         self.max_backoff = MAX_BACKOFF_S if max_backoff is None else max_backoff

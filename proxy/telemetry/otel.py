@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from proxy.logs import LOGGER_NAME
+from proxy.redact import redact
 from proxy.telemetry import Headers, RequestTrace, Tracing, UpstreamCall
 from proxy.telemetry.attributes import minus, request_attributes, usage_attributes
 
@@ -103,6 +105,13 @@ def provider_from(env: Mapping[str, str]) -> TracerProvider:
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=delay,
                                                    max_export_batch_size=int(size) if size else None))
     return provider
+
+
+def _exception_text(exc: BaseException) -> dict[str, str]:
+    """The message and stack trace record_exception would export, secrets masked (they override its own): a span
+    leaves the process like a log line does."""
+    trace_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"exception.message": redact(str(exc)), "exception.stacktrace": redact(trace_text)}
 
 
 class OtelTracing(Tracing):
@@ -202,7 +211,7 @@ class OtelRequestTrace(RequestTrace):
             self.end(None, "cancelled")
             raise
         except BaseException as exc:  # not a ProxyError (those end the request normally): a proxy bug
-            self.span.record_exception(exc)
+            self.span.record_exception(exc, attributes=_exception_text(exc))
             self.end(500, "internal_error")
             raise
         finally:
