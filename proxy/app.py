@@ -88,7 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = GuardedStore(open_store(settings.store, settings.store_timeout), timeout=settings.store_timeout,
                              name=settings.store)
         await store.problem()  # a store down at start is a warning in the first lines of the log (it still serves)
-        upstream = Upstream()
+        upstream = Upstream(trust_env=settings.trust_env)
         tracing = store.tracing = setup_tracing(settings.otel_env)  # OFF unless OTEL_* say (README: Tracing)
         app.state.proxy = ProxyState.create(settings, upstream, store, tracing)
         # Start-up objects (tokenizers, modules) never die: keep them out of the

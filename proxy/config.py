@@ -222,6 +222,9 @@ class Settings(_Strict):
     # The OTEL_* variables of the environment the settings were read from: tracing is configured from
     # these alone (proxy/telemetry/), so each app built from settings traces as its own settings say.
     otel_env: Mapping[str, str] = Field(default_factory=dict)
+    # The upstream client honours the environment's HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, NO_PROXY and SSL_CERT_FILE
+    # as httpx and the provider SDKs do; off only for the replay's simulator, on loopback in its own process.
+    trust_env: bool = True
 
     def route(self, name: str) -> Route | None:
         for r in self.routes:

@@ -25,7 +25,7 @@ import proxy.app
 from proxy.config import Settings
 from proxy.tokens.encodings import SeededEncodings, ensure_encodings
 
-# Every httpx client (the proxy's upstream client, its aiohttp transports, each test's clients) builds an
+# Every httpx client (the proxy's upstream client, each test's clients) builds an
 # SSL context, and building one reads the whole CA bundle (~80 ms): the suite builds thousands, none of
 # them used (every upstream is plain HTTP on loopback). One context per set of arguments serves them all.
 _create_ssl_context = functools.lru_cache(maxsize=None)(httpx._config.create_ssl_context)

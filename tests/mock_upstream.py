@@ -1,6 +1,6 @@
 """A scriptable, real-HTTP mock of the OpenAI API for tests and benchmarks.
 
-The proxy under test talks to its upstream through aiohttp, so an in-process
+The proxy under test talks to its upstream over real HTTP (httpx), so an in-process
 ASGI transport would not exercise it: this mock binds 127.0.0.1 on a free port
 and serves a plain ASGI app (Starlette request/response objects) with uvicorn
 in a daemon thread.

@@ -17,7 +17,7 @@ R = TypeVar("R")
 W = TypeVar("W")
 
 # Loop turns given to the send before the work starts: in the first the send's task takes a kept-alive connection
-# and writes the whole request to it (proxy/upstream/http1.py; the transport sends what the socket takes at once).
+# and starts writing the request to it.
 SEND_TURNS = 1
 
 

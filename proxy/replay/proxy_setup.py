@@ -95,7 +95,9 @@ def proxy_settings(config: str | None, upstream_url: str, store_dir: str, models
         for m in models:
             facts[m] = {**(facts.get(m) or {}), "context_window": window}
         raw["models"] = facts
-    return build_settings(raw, env={}, source=config or "replay settings")
+    settings = build_settings(raw, env={}, source=config or "replay settings")
+    # the simulator is on loopback in this process: never through an egress proxy the environment names
+    return settings.model_copy(update={"trust_env": False}) if simulate else settings
 
 
 class Collect(logging.Handler):
