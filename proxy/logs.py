@@ -159,6 +159,23 @@ def setup_logging(level: str = "info", worker: bool = False) -> None:
         lg.handlers[:] = [handler]
         lg.setLevel(level.upper())
         lg.propagate = False
+    errors = logging.getLogger("uvicorn.error")
+    errors.filters[:] = [f for f in errors.filters if not isinstance(f, ClientFaults)] + [ClientFaults()]
+
+
+class ClientFaults(logging.Filter):
+    """uvicorn logs a WebSocket client's text frame that is not UTF-8 at error level with a traceback, though the
+    fault is the client's and uvicorn has already closed the socket with 1007: one warning line instead."""
+
+    FAULTS = {"Invalid UTF-8 sequence received from client.":
+              "websocket closed (1007): the client sent a text frame that is not valid UTF-8"}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        said = self.FAULTS.get(record.msg) if isinstance(record.msg, str) else None
+        if said is not None:
+            record.msg, record.args, record.exc_info, record.exc_text = said, (), None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
 
 
 _direct: LineHandler | None = None  # setup_logging's handler: lines are written to it directly

@@ -16,6 +16,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from test_serve import serve, stop
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from proxy.config import ServerSettings
@@ -106,3 +108,20 @@ def test_the_history_budget_bounds_the_whole_socket():
     assert "resp_3" in history and "resp_2" in history  # the newest two: 800 bytes
     assert "resp_1" not in history and "resp_0" not in history
     assert not history.remember("resp_big", [], [], 1001)  # one alone past the budget is not kept
+
+
+def test_a_text_frame_that_is_not_utf8_is_one_warning_line(tmp_path, upstream):
+    """uvicorn closes the socket with 1007 and logs its own error with a traceback: the fault is the client's."""
+    s = serve(tmp_path, {"CTXPROXY_UPSTREAM": upstream.base_url})
+    try:
+        with connect(s.url.replace("http://", "ws://") + "/v1/responses") as ws:
+            ws.send(b'{"type": "response.create", "input": "\xff\xfe"}', text=True)
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+    finally:
+        assert stop(s)
+    lines = s.log_lines()
+    said = [line for line in lines if "UTF-8" in line["msg"]]
+    assert [(line["level"], "exc" in line) for line in said] == [("warning", False)], said
+    assert not [line for line in lines if line["level"] == "error"]
