@@ -155,16 +155,29 @@ def _session_lines(data: dict[str, Any]) -> list[str]:
 _CLIENT_LINES = 20  # lines of a logged client message shown (`--json` has them all)
 
 
+def _parts_text(content: Any) -> str:
+    """Text of a content value: a string, or a list of parts (a nested tool_result's own content included)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    texts = (p.get("text") or _parts_text(p.get("content")) for p in content if isinstance(p, dict))
+    return "\n".join(t for t in texts if t)
+
+
 def _text(message: Any) -> str:
-    """A message as text: its content (or text parts) and its tool calls."""
+    """An item as text: its content (or text parts) or a Responses output, and its tool calls: Chat's
+    `tool_calls`, a Responses `function_call`/`custom_tool_call` item, Messages' `tool_use` parts."""
     if not isinstance(message, dict):
         return ""
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-    parts = [content] if isinstance(content, str) and content else []
+    parts = [t for t in (_parts_text(message.get("content")), _parts_text(message.get("output"))) if t]
     parts += [f"{(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments')})"
               for c in message.get("tool_calls") or () if isinstance(c, dict)]
+    if message.get("type") in ("function_call", "custom_tool_call"):
+        parts.append(f"{message.get('name')}({message.get('arguments', message.get('input'))})")
+    content = message.get("content")
+    parts += [f"{p.get('name')}({p.get('input')})" for p in content if isinstance(p, dict)
+              and p.get("type") == "tool_use"] if isinstance(content, list) else []
     return "\n".join(parts)
 
 

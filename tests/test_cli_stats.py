@@ -174,3 +174,21 @@ def test_stats_on_an_unreachable_proxy_is_one_line():
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.startswith(f"ctxproxy: cannot reach the proxy at {url}: "), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_a_request_s_items_read_as_text_in_every_api_shape():
+    """`ctxproxy stats --request` shows each item's text: Responses outputs and calls, Messages parts too."""
+    from proxy.cli_stats import _text
+
+    assert _text({"type": "function_call_output", "call_id": "c1", "output": "README.md\nsetup.py"}) == \
+        "README.md\nsetup.py"
+    assert _text({"type": "custom_tool_call_output", "output": [{"type": "input_text", "text": "done"}]}) == "done"
+    assert _text({"type": "function_call", "name": "shell", "arguments": '{"command": "ls"}'}) == \
+        'shell({"command": "ls"})'
+    assert _text({"role": "user", "content": [{"type": "tool_result", "content": [{"type": "text", "text": "ok"}]}]}) \
+        == "ok"
+    assert _text({"role": "assistant", "content": [{"type": "text", "text": "hi"},
+                                                   {"type": "tool_use", "name": "Bash", "input": {"c": 1}}]}) == \
+        "hi\nBash({'c': 1})"
+    call = {"function": {"name": "f", "arguments": "{}"}}
+    assert _text({"role": "assistant", "content": "x", "tool_calls": [call]}) == "x\nf({})"
