@@ -319,10 +319,10 @@ def _long_session(turns: int) -> list[list[dict]]:
     return requests
 
 
-def _send_turns(proxy_of, upstream, model: str, key: str, requests: list[list[dict]]) -> None:
+def _send_turns(proxy_of, upstream, model: str, key: str, requests: list[list[dict]], max_tokens: int = 1024) -> None:
     for n, msgs in enumerate(requests):
-        r = proxy_of(n).post("/v1/messages", timeout=60,
-                       content=orjson.dumps({"model": model, "max_tokens": 1024, "tools": TOOLS, "messages": msgs}),
+        body = {"model": model, "max_tokens": max_tokens, "tools": TOOLS, "messages": msgs}
+        r = proxy_of(n).post("/v1/messages", timeout=60, content=orjson.dumps(body),
                        headers={"x-api-key": key, "x-session-id": "long-run", "content-type": "application/json"})
         assert r.status_code == 200, r.text
 
@@ -465,3 +465,27 @@ def test_mid_conversation_system_messages_pass_as_sent(proxy, upstream):
     assert post(proxy, body, "/v1/messages/count_tokens").status_code == 200
     first = post(proxy, {**body, "messages": [{"role": "system", "content": "x"}, *messages]})
     assert first.status_code == 400 and "top-level `system`" in first.json()["error"]["message"]
+
+
+def test_count_tokens_after_a_compaction_counts_what_the_next_turn_sends(upstream, tmp_path):
+    """Claude Code asks count_tokens how full its window is. Right after a compaction the count must be of the
+    prompt the next turn sends (the compaction replayed), not of the client's whole history: a count body has no
+    max_tokens, and the compaction's trigger counted the turns' reserve (here a large one, as Claude Code's)."""
+    model = "claude-test-16k"
+    s = settings(upstream, tmp_path, models={model: {"context_window": 16000}},
+                 defaults={"compress": {"precompute": None}})
+    _fresh(upstream)
+    requests = _long_session(5)
+    with InProcessProxy(s) as p:
+        _send_turns(lambda n: p, upstream, model, KEY, requests[:-1], max_tokens=8000)
+        assert any("<context_summary>" in json.dumps(json.loads(b)) for b in _bodies(upstream))  # it compacted
+        counted = p.post("/v1/messages/count_tokens", timeout=60,
+                         content=orjson.dumps({"model": model, "tools": TOOLS, "messages": requests[-1]}),
+                         headers={"x-api-key": KEY, "x-session-id": "long-run", "content-type": "application/json"})
+        assert counted.status_code == 200, counted.text
+        _send_turns(lambda n: p, upstream, model, KEY, requests[-1:], max_tokens=8000)
+    turn = upstream.requests[-1]
+    assert turn.path == "/v1/messages" and turn.usage is not None
+    sent_tokens = turn.usage["input_tokens"] + turn.usage.get("cache_read_input_tokens", 0) + \
+        turn.usage.get("cache_creation_input_tokens", 0)
+    assert abs(counted.json()["input_tokens"] - sent_tokens) <= 0.05 * sent_tokens, (counted.json(), sent_tokens)

@@ -48,6 +48,7 @@ class View:
     upto: int  # raw messages[upto:] follow the prefix verbatim
     version: int
     unsent: dict[str, Any] | None = None  # the record's compaction, when a count wrote it (proxy/rewrite/first_send.py)
+    reserve: int = 0  # the answer reserve (max_tokens) of the turn that compacted: what a count assumes
 
     def raw_index(self, i: int) -> int:
         """The client's index of `messages[i]`, for i at or after the recorded prefix."""
@@ -62,6 +63,7 @@ class Record:
     layer: str
     prefix: list[Message]
     unsent: dict[str, Any] | None = None  # as View.unsent
+    reserve: int = 0  # as View.reserve
 
 
 class CompactionLog:
@@ -90,14 +92,16 @@ class CompactionLog:
             prefix = jsonio.loads(raw)
             cache.put(key, prefix)
         return Record(head["version"], head["upto"], bytes.fromhex(head["chain"]), head["layer"], prefix,
-                      head.get("unsent"))
+                      head.get("unsent"), head.get("reserve", 0))
 
     async def write(self, version: int, upto: int, chain_at: bytes, layer: str, prefix: list[Message],
-                    unsent: dict[str, Any] | None = None) -> None:
+                    unsent: dict[str, Any] | None = None, reserve: int = 0) -> None:
         """Prefix first, then the pointer: a reader never sees a pointer to nothing. `unsent`: the compaction
-        as its events record it, when the request writing it sends no turn (a count)."""
+        as its events record it, when the request writing it sends no turn (a count); `reserve`: the answer
+        reserve its trigger counted."""
         await self.store.put(f"{self.base}:{version}", jsonio.dumps(prefix), ttl=self.ttl)
-        head: dict[str, Any] = {"version": version, "upto": upto, "chain": chain_at.hex(), "layer": layer}
+        head: dict[str, Any] = {"version": version, "upto": upto, "chain": chain_at.hex(), "layer": layer,
+                                "reserve": reserve}
         if unsent is not None:
             head["unsent"] = unsent
         await self.store.put_json(self.base, head, ttl=self.ttl)
@@ -111,7 +115,7 @@ def replay(record: Record | None, raw: list[Message], digests: list[bytes], coun
            prefix_counts: list[int] | None) -> View:
     """The record applied to this request's messages, if they still start with what it replaced."""
     if record is None or record.upto > len(raw) or chain(digests, record.upto)[-1] != record.chain:
-        return View(raw, counts, 0, 0, record.version if record else 0)
+        return View(raw, counts, 0, 0, record.version if record else 0, reserve=record.reserve if record else 0)
     assert prefix_counts is not None
     return View(record.prefix + raw[record.upto:], prefix_counts + counts[record.upto:], len(record.prefix),
-                record.upto, record.version, record.unsent)
+                record.upto, record.version, record.unsent, record.reserve)

@@ -134,16 +134,13 @@ class Compress:
         raw = conv.messages
         counts = conv.counts(raw)
         fixed = conv.fixed_tokens() + conv.wire.output_reserve(conv.body)
-        total = sum(counts) + fixed
-        if total <= s.trigger * ctx.window:
-            # A session's history only grows, and a compaction needs it over the trigger: a request
-            # under it has no record to replay, so the store is not even asked (nor its digests read).
-            if not own and self.precomputer.past_precompute(total, ctx.window):
-                await self.precomputer.maybe_start(conv, ctx, self._log(ctx), View(raw, counts, 0, 0, 0), fixed)
-            return conv
         digests = conv.digests(raw)
         log = self._log(ctx)
+        # Replayed for every request that carries a recorded span, under the trigger or not: the trigger counted
+        # the compacting turn's answer reserve, and a later request may reserve less (a count has none at all).
         view = await self._replayed(conv, log, raw, digests, counts)
+        if ctx.purpose == "count" and not conv.wire.output_reserve(conv.body):  # a count reserves as the turns do
+            fixed += view.reserve
         await self._count_unsent(conv, ctx, log, view)
         over = sum(view.counts) + fixed > s.trigger * ctx.window
         if over and not own:
@@ -206,11 +203,11 @@ class Compress:
             cut = new.raw_index(new.kept)
             upto = await offloop.run_unless_light(digests[:cut], chain, digests, cut)  # a hash per message
             # recorded as prompt sizes (proxy/request.py prompt_tokens); the answer's reserve apart
-            reserve = conv.wire.output_reserve(conv.body)
+            reserve = fixed - conv.fixed_tokens()
             extra = fixed - conv.head_tokens()  # reply priming and the reserve: in the trigger, not in the prompt
             done = Compacted(layer, before - extra, after - extra, {**detail, "output_reserve": reserve})
             await log.write(view.version + 1, cut, upto[-1], layer, new.messages[:new.kept],
-                            unsent=done.as_record() if ctx.purpose != "turn" else None)
+                            unsent=done.as_record() if ctx.purpose != "turn" else None, reserve=reserve)
             new.version = view.version + 1
             conv.events.append(done)
             event("compacted", request_id=ctx.request_id, session=ctx.session, layer=layer,
