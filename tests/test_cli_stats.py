@@ -178,7 +178,7 @@ def test_stats_on_an_unreachable_proxy_is_one_line():
 
 def test_a_request_s_items_read_as_text_in_every_api_shape():
     """`ctxproxy stats --request` shows each item's text: Responses outputs and calls, Messages parts too."""
-    from proxy.cli_stats import _text
+    from proxy.cli.stats import _text
 
     assert _text({"type": "function_call_output", "call_id": "c1", "output": "README.md\nsetup.py"}) == \
         "README.md\nsetup.py"

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy" / "kubernetes"
 # A current release; kubernetes-validate (pinned in pyproject.toml) carries its schemas.
 KUBERNETES_VERSION = "1.37"
-# The CLI's timeout_graceful_shutdown (proxy/cli.py): how long SIGTERM's drain may take.
+# The CLI's timeout_graceful_shutdown (proxy/cli/__init__.py): how long SIGTERM's drain may take.
 DRAIN_SECONDS = 30
 IMAGE = parse((REPO / "Dockerfile").read_text(encoding="utf-8"))
 

@@ -7,8 +7,8 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.lines import Lines
 from proxy.rewrite.context_read.tool import compile_pattern
+from proxy.rewrite.lines import Lines
 
 # Every line break str.splitlines knows, \r\n, and a few ordinary characters (one multi-byte).
 PIECES = ["\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029",
@@ -56,7 +56,7 @@ def test_a_whole_text_search_finds_the_lines_a_per_line_search_finds(text, patte
 
 
 def splitlines_placeholder(text: str, head: int, tail: int, chars: int) -> str:
-    """The placeholder as it was built from text.splitlines() (before proxy/lines.py): the reference."""
+    """The placeholder as it was built from text.splitlines() (before proxy/rewrite/lines.py): the reference."""
     lines = text.splitlines() or [""]
     cap = lambda x: x if len(x) <= chars else f"{x[:chars]}… [+{len(x) - chars:,} chars]"  # noqa: E731
     n, first = len(lines), lines[:head]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy import cli_probe
+from proxy.cli import probe as cli_probe
 from proxy.config import load_settings
 from proxy.errors import ConfigError
 from proxy.store import RedisStore, open_store

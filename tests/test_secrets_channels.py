@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from proxy import logs
 from proxy import redact as redaction
-from proxy.cli_check import startup_line
+from proxy.cli.check import startup_line
 from proxy.config import build_settings
 from proxy.errors import ConfigError
 from proxy.logs import JsonFormatter

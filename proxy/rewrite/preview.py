@@ -5,7 +5,7 @@ placeholder (callers record it the first time and replay it anyway). Bounded:
 line count and line length are capped, and the preview shrinks until it costs
 at most `max_share` of the original, so a file of a few huge lines still gives
 a small placeholder and a placeholder is never larger than what it replaces.
-Cheap on any text: lines are found with C-speed scans (proxy/lines.py), never by
+Cheap on any text: lines are found with C-speed scans (proxy/rewrite/lines.py), never by
 splitting the whole text, so ten million short lines cost what one long one does.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import re2
 
-from proxy.lines import Lines
+from proxy.rewrite.lines import Lines
 
 READ_LIMIT_LINES = 200  # the `limit` the read-back call in a placeholder suggests
 _MIN_LINE_CHARS = 40  # below this a preview line says nothing useful

@@ -114,7 +114,7 @@ class CompressSettings(BaseModel):
         if self.trigger <= self.target:
             raise Impossible(("trigger", "target"), f"trigger ({self.trigger:g}) must be above target "
                              f"({self.target:g}): a compaction brings the prompt from trigger down to target")
-        # Left at its default under a lowered trigger it only never fires (a warning, proxy/cli_check.py);
+        # Left at its default under a lowered trigger it only never fires (a warning, proxy/cli/check.py);
         # set explicitly it is a mistake.
         if self.precompute is not None and self.precompute >= self.trigger and "precompute" in self.model_fields_set:
             raise Impossible(("precompute", "trigger"), f"precompute ({self.precompute:g}) must be below trigger "

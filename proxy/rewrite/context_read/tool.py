@@ -12,7 +12,7 @@ matching time is linear in the text whatever the pattern (Python's backtracking
 what no engine can parse is searched as a literal string. Reading a big stored
 text (slicing its lines, searching it) runs off the event loop
 (proxy/offloop.py), with C-speed scans that never split the whole text
-(proxy/lines.py), and a grep counts at most MAX_COUNTED_MATCHES matching lines.
+(proxy/rewrite/lines.py), and a grep counts at most MAX_COUNTED_MATCHES matching lines.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import orjson
 import re2
 
 from proxy import offloop
-from proxy.lines import Lines
+from proxy.rewrite.lines import Lines
 from proxy.store import StoreError
 from proxy.store.archive import Archive
 from proxy.wire.codec import Codec, ToolSpec

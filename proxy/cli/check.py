@@ -13,7 +13,7 @@ import sys
 from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
-from proxy import cli_probe as probe
+from proxy.cli import probe
 from proxy.config import Route, Settings
 from proxy.errors import ProxyError
 from proxy.http.routing import resolve_route

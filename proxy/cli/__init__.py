@@ -6,8 +6,8 @@ import argparse
 import os
 import sys
 
-from proxy.cli_check import check, config_warnings, startup_line
-from proxy.cli_stats import DEFAULT_URL, WINDOWS, Failure, stats
+from proxy.cli.check import check, config_warnings, startup_line
+from proxy.cli.stats import DEFAULT_URL, WINDOWS, Failure, stats
 from proxy.config import Settings, load_settings
 from proxy.errors import ConfigError
 from proxy.redact import redact, redact_url, register_secrets, register_settings
@@ -132,7 +132,3 @@ def main(argv: list[str] | None = None) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise SystemExit(1) from None
         raise SystemExit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,5 @@
+"""`python -m proxy.cli`: the same as the `ctxproxy` command."""
+
+from proxy.cli import main
+
+main()
