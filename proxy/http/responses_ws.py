@@ -17,10 +17,15 @@ the running turn are counted by bytes, and once they reach
 the turn ends, so the server stops reading it too (as HTTP/2 flow control
 would). A socket holds at most its running turn's frame, the queue (its budget
 plus the frame that filled it), one frame in the server's buffer, and its
-history: 3 x max_body_bytes + websocket_queue_bytes + websocket_history_bytes.
-A big frame is parsed and checked off the event loop, as an HTTP body is
-(proxy/offloop.py). A client that leaves cancels its queued turns and the one
-in flight: nothing more goes upstream for it.
+history: 3 x max_body_bytes + websocket_queue_bytes + websocket_history_bytes
+(bench/ws_bounds.py measures it); the running turn's work on its body costs on
+top what an HTTP request of that body costs. A big frame is parsed and checked
+off the event loop, as an HTTP body is (proxy/offloop.py).
+
+A client that leaves cancels its queued turns and the one in flight: nothing
+more goes upstream for it. While the socket is not read (its queue full) its
+leaving is only seen when a write to it fails (the turn's first events, or the
+server's ping every 20 s); the turn then in flight completes, and no queued one runs.
 
 A warm-up (`generate: false`) is answered here, as the API answers it: a
 response with no output whose id the next turn may chain from. The socket
