@@ -4,7 +4,7 @@ A pooled keep-alive connection can die just as a request goes out on it (the
 provider closed it while idle); the provider never saw the request, so one
 retry is safe even for a POST - as browsers do. Never a second retry, never
 after a timeout, never once any byte of a response has arrived. A reset (RST)
-is not retried: the client library (httpcore) cannot tell one before any byte
+is not retried: the client library (aiohttp) cannot tell one before any byte
 from one after part of an answer, and a provider that got the request may have
 run it; the client gets a clean 502 (which the provider SDKs retry themselves).
 """

@@ -31,7 +31,7 @@ from proxy.request import Conversation, RequestContext
 from proxy.rewrite.cache_hints import cache_fields
 from proxy.rewrite.compress.history import Message, chain, head_end, identifiers, repair_pairing, tail_start, text_of
 from proxy.rewrite.compress.precompute import Precomputer
-from proxy.rewrite.compress.record import PREFIX_CACHE, CompactionLog, View, replay
+from proxy.rewrite.compress.record import PREFIX_CACHE, CompactionLog, Record, View, replay
 from proxy.rewrite.compress.summarizer import (
     IN_PLACE_PROMPT,
     SECTIONS,
@@ -113,6 +113,9 @@ class Compress:
         self.settings = settings
         self.peers = peers
         self._prefixes: LRU[str, list[Any]] = LRU(PREFIX_CACHE)
+        # The latest record of each session this process alone serves (ctx.shared false), or None for none: read
+        # from the store once, then kept as this process writes them, so a request asks the store for nothing.
+        self._heads: LRU[str, tuple[Record | None]] = LRU(PREFIX_CACHE)
         self.lock_lease = LOCK_LEASE_S
         self.precomputer = Precomputer(self)
         self._first_send = FirstSend()
@@ -138,7 +141,7 @@ class Compress:
         log = self._log(ctx)
         # Replayed for every request that carries a recorded span, under the trigger or not: the trigger counted
         # the compacting turn's answer reserve, and a later request may reserve less (a count has none at all).
-        view = await self._replayed(conv, log, raw, digests, counts)
+        view = await self._replayed(conv, log, raw, digests, counts, ctx.shared)
         if ctx.purpose == "count" and not conv.wire.output_reserve(conv.body):  # a count reserves as the turns do
             fixed += view.reserve
         await self._count_unsent(conv, ctx, log, view)
@@ -166,8 +169,13 @@ class Compress:
             conv.events.append(Compacted(d.pop("layer"), d.pop("before"), d.pop("after"), d))
 
     async def _replayed(self, conv: Conversation, log: CompactionLog, raw: list[Message], digests: list[bytes],
-                        counts: list[int]) -> View:
-        record = await log.latest(self._prefixes)
+                        counts: list[int], shared: bool = True) -> View:
+        known = None if shared else self._heads.get(log.base)
+        if known is None:
+            known = (await log.latest(self._prefixes),)
+            if not shared:
+                self._heads.put(log.base, known)
+        record = known[0]
         # the same prefix objects every request (cached in self._prefixes): counted once, then looked up
         prefix_counts = conv.counts(record.prefix) if record else None
         return replay(record, raw, digests, counts, prefix_counts)
@@ -208,6 +216,7 @@ class Compress:
             done = Compacted(layer, before - extra, after - extra, {**detail, "output_reserve": reserve})
             await log.write(view.version + 1, cut, upto[-1], layer, new.messages[:new.kept],
                             unsent=done.as_record() if ctx.purpose != "turn" else None, reserve=reserve)
+            self._heads.pop(log.base)  # read again, as written
             new.version = view.version + 1
             conv.events.append(done)
             event("compacted", request_id=ctx.request_id, session=ctx.session, layer=layer,
