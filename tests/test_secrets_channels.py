@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from proxy import logs
@@ -114,6 +114,10 @@ def test_free_text_masks_an_unknown_urls_password_with_any_character_but_a_space
 def test_generated_passwords_never_survive_the_store_setting(pw, form):
     redaction._secrets.clear()
     redaction._known, redaction._suspect = None, redaction._HINTS
+    # a password that is a piece of the lines themselves ('127.', '***@h') proves nothing: set aside
+    plain = startup_line(build_settings({}, {}), "test") + " store is down: refused " + \
+        " ".join(redact_url(u) for u in forms("Pw0"))
+    assume(pw not in plain)
     url = forms(pw)[form]
     try:
         s = build_settings({"store": url}, {})

@@ -34,7 +34,7 @@ from proxy.accounting.counters import (
     timeline_key,
 )
 from proxy.accounting.figures import Figures, measure
-from proxy.accounting.ledger import Ledger
+from proxy.accounting.ledger import Ledger, Outcome
 from proxy.accounting.metrics import Metrics
 from proxy.accounting.own_calls import own_call_counts, own_call_entry
 from proxy.accounting.prefix_check import UNMEASURED, PrefixCheck, Trace, expiry_cause, hidden_cacheable
@@ -56,21 +56,6 @@ if TYPE_CHECKING:
 _FIRSTS_REMEMBERED = 1_000  # sessions whose first-seen time this process knows is written
 FLUSH_DELAY = 0.05  # seconds a batch gathers requests before one round of store writes
 MAX_PENDING = 5000  # timeline entries waiting for the store, at most (memory stays bounded)
-
-
-@dataclass
-class Outcome:
-    """What happened to one chat request, filled in as the response completes."""
-
-    status: int = 0
-    usage: Usage | None = None  # every provider call of the turn, summed (hidden read-back rounds included)
-    # (kind, usage) of the proxy's own calls made while this request ran, for its span; the figures count
-    # them as each was answered (proxy/accounting/own_calls.py), not with the request
-    own: list[tuple[str, Usage]] = field(default_factory=list)
-    overhead_s: float = 0.0
-    upstream_s: float = 0.0
-    error: str | None = None
-    accepted: bool = False  # the provider answered the request with a 2xx: it was processed (and cached)
 
 
 class Accountant:

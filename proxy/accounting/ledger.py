@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from proxy.accounting.figures import Figures
 from proxy.accounting.prefix_check import PrefixCheck, Trace
@@ -20,13 +20,35 @@ from proxy.accounting.report import event_headers
 from proxy.request import Conversation, ReadRounds, RequestContext
 from proxy.wire.usage import Usage
 
-if TYPE_CHECKING:
-    from proxy.accounting.accountant import Accountant, Outcome
+
+@dataclass
+class Outcome:
+    """What happened to one chat request, filled in as the response completes."""
+
+    status: int = 0
+    usage: Usage | None = None  # every provider call of the turn, summed (hidden read-back rounds included)
+    # (kind, usage) of the proxy's own calls made while this request ran, for its span; the figures count
+    # them as each was answered (proxy/accounting/own_calls.py), not with the request
+    own: list[tuple[str, Usage]] = field(default_factory=list)
+    overhead_s: float = 0.0
+    upstream_s: float = 0.0
+    error: str | None = None
+    accepted: bool = False  # the provider answered the request with a 2xx: it was processed (and cached)
+
+
+class Recorder(Protocol):
+    """Where a ledger records its request (proxy/accounting/accountant.py Accountant)."""
+
+    def record(self, ctx: RequestContext, conv: Conversation, trace: Trace, check: PrefixCheck, outcome: Outcome,
+               figures: Figures, rounds: ReadRounds | None = None, roles: str | None = None) -> dict[str, Any]: ...
+
+    def cacheable(self, conv: Conversation, trace: Trace, check: PrefixCheck, accepted: bool, status: int,
+                  rounds: ReadRounds | None) -> int | None: ...
 
 
 @dataclass
 class Ledger:
-    accountant: Accountant
+    accountant: Recorder
     ctx: RequestContext
     conv: Conversation
     trace: Trace

@@ -15,8 +15,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.accounting.accountant import Outcome
-from proxy.accounting.ledger import Ledger
+from proxy.accounting.ledger import Ledger, Outcome
 from proxy.accounting.report import event_fields
 from proxy.errors import ProxyError
 from proxy.http.relay import error_response, relay_response, relay_stream

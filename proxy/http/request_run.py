@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy import loop_free
-from proxy.accounting.accountant import Outcome
+from proxy.accounting.ledger import Outcome
 from proxy.accounting.own_calls import RequestOwnCalls
 from proxy.errors import ProxyError, UpstreamUnreachable
 from proxy.http.answers import Known, known

@@ -20,13 +20,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
+from proxy.wire.values import Body as Body
+from proxy.wire.values import Item as Item
+
 if TYPE_CHECKING:
     from proxy.errors import ProxyError
     from proxy.wire.read_shape import ReadShape
     from proxy.wire.usage import Usage
 
-Item = Any  # one element of the conversation, in its API's own shape; only a codec looks inside
-Body = dict[str, Any]  # a parsed request body
 Role = Literal["system", "user", "assistant", "tool", "other"]
 BreakpointStyle = Literal["anthropic", "openai"]
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.errors import UpstreamUnreachable, anthropic_error_body
-from proxy.wire.codec import Body, Item
+from proxy.wire.values import Body, Item
 
 _MESSAGE_MAX_CHARS = 2000  # of a provider's error message repeated in ours
 

@@ -19,7 +19,7 @@ import asyncio
 import copy
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from proxy.logs import event
 from proxy.lru import LRU
@@ -28,14 +28,25 @@ from proxy.rewrite.compress.history import chain, head_end, tail_start
 from proxy.rewrite.compress.record import CompactionLog, View
 from proxy.rewrite.compress.summarizer import SummarizerError, SummaryRejected
 from proxy.rewrite.context_read.tool import read_tool_name
+from proxy.rewrite.settings import CompressSettings
 from proxy.store import StoreError
 from proxy.store.archive import Archive
 from proxy.store.decisions import SECONDS_PER_DAY, Decisions, adopt_any
 from proxy.store.lease import renewed
 from proxy.wire.codec import Codec
 
-if TYPE_CHECKING:
-    from proxy.rewrite.compress.transform import Compress
+
+class Summaries(Protocol):
+    """What a precompute needs of its Compress transform (proxy/rewrite/compress/transform.py): its settings, its
+    lock's lease, its verbatim tail and the summary of a span (written once, reused by the crossing request)."""
+
+    settings: CompressSettings
+    lock_lease: float
+
+    def tail_budget(self, window: int) -> int: ...
+
+    async def summary_for(self, conv: Conversation, ctx: RequestContext, archive: Archive, h: int, t: int,
+                          view: View, tool: str) -> tuple[dict[str, Any], list[dict[str, Any]], str]: ...
 
 _PLACEHOLDER_TOKENS = 60  # what a cleared tool result still costs, for the "will layer 1 do?" estimate
 _TRACKED = 4096  # sessions whose precompute state is kept in process
@@ -72,7 +83,7 @@ class Precomputer:
     of how fast the background call was.
     """
 
-    def __init__(self, compress: Compress) -> None:
+    def __init__(self, compress: Summaries) -> None:
         self.compress = compress
         self._tasks: set[asyncio.Task[None]] = set()
         self._seen: LRU[tuple[str, str], str] = LRU(_TRACKED)  # session -> claim key last claimed or found
