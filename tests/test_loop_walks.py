@@ -1,4 +1,4 @@
-"""The walks over every item of a big request leave the event loop free; the huge parse is one slice at a time.
+"""The walks over every item of a big request leave the event loop free.
 
 Issue 23's second pass: what still ran over all 100,000 items on the loop's
 thread. Walks that feed the request's own state (the memo's folds: offload's
@@ -12,12 +12,10 @@ and never yield. Behaviour only: which thread, how many turns, the same values.
 from __future__ import annotations
 
 import json
-import random
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 import pytest
 from asgi_proxy import asgi_proxy
 from test_loop_free import AUTH, ITEMS, Threads, request, turns
@@ -26,7 +24,6 @@ from proxy import offloop
 from proxy.accounting import accountant, inspector
 from proxy.rewrite.status_bar import transform as status_bar
 from proxy.tokens import session_memo
-from proxy.wire import json_slices, jsonio
 
 STEP = 256  # offloop.STEP_ITEMS for these tests: ITEMS messages are several spans
 
@@ -107,63 +104,3 @@ async def test_a_span_walk_gives_the_same_spans_and_yields_between_them(monkeypa
     assert got == [[3, 4, 5, 6], [7, 8, 9, 10], [11, 12]]
     assert [list(span) async for span in offloop.spans(0, 3)] == [[0, 1, 2]]
     assert [span async for span in offloop.spans(5, 5)] == []
-
-
-def _value(rng: random.Random, depth: int = 0) -> Any:
-    if depth > 3 or rng.random() < 0.3:
-        return rng.choice(["}]", "},{", 'x"}, ', "}, ", 1, -2.5, None, True, "é😀", "\\u0000", 2**63, ""])
-    if rng.random() < 0.5:
-        return [_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
-    return {rng.choice(["a", "}", "role", 'k"']) + str(i): _value(rng, depth + 1) for i in range(rng.randint(0, 3))}
-
-
-@pytest.mark.parametrize("slice_bytes", [64, 4096, 1 << 20])
-def test_a_body_parsed_in_slices_is_the_value_of_one_parse(slice_bytes, monkeypatch):
-    """Cut anywhere a string, an item or the rest of the body could fool a byte scan: each accepted value is
-    orjson's own, key order included; the slices are many orjson calls, not one."""
-    monkeypatch.setattr(json_slices, "SLICE_BYTES", slice_bytes)
-    rng, sliced = random.Random(23), 0
-    for _ in range(150):
-        items = [{"role": rng.choice(["user", "assistant"]), "content": _value(rng)}
-                 for _ in range(rng.randint(1, 200))]
-        doc = {"model": "m", rng.choice(["messages", "input"]): items, "tools": [_value(rng)], "z": _value(rng)}
-        if rng.random() < 0.3:
-            doc = {"first": _value(rng), **doc}
-        raw = json.dumps(doc, indent=rng.choice([None, 1]), ensure_ascii=rng.random() < 0.5).encode()
-        got = json_slices.loads_sliced(raw)
-        if got is not None:
-            sliced += 1
-            assert got == orjson.loads(raw) and list(got) == list(orjson.loads(raw))
-            assert orjson.dumps(got) == orjson.dumps(orjson.loads(raw))
-    assert sliced >= 50
-
-
-@pytest.mark.parametrize("raw", [
-    b'{"messages": [{"a":1},{"b":2}', b'{"messages": [{"a":1},{"b":2}]', b'{"messages": [{"a":1},{"b":NaN}]}',
-    b'{"messages": [{"a":1} {"b":2}]}', b'{"messages": [{"a":1},{"b":2}]} x', b'\xef\xbb\xbf{"messages": [{"a":1}]}',
-    b'{"messages": [{"a":1},{"b":2}], "messages": [1]}', b'{"x": {"messages": [{"a":1}]}, "messages": [{"b": 2}]}',
-    b'{"messages": []}', b'{"messages": [1, 2]}'])
-def test_what_slicing_cannot_vouch_for_is_parsed_whole(raw):
-    """Malformed, a duplicate key, the key inside another value, nothing to slice: no value from slices, so
-    jsonio.loads gives orjson's own value or refusal."""
-    assert json_slices.loads_sliced(raw) is None
-
-
-def test_jsonio_parses_a_huge_body_in_slices_and_keeps_big_integers_exact(monkeypatch):
-    calls = []
-    real = json_slices.orjson.loads
-
-    def counted(data: bytes) -> Any:
-        calls.append(len(data))
-        return real(data)
-
-    monkeypatch.setattr(json_slices, "SLICED_FROM", 1 << 16)
-    monkeypatch.setattr(json_slices, "SLICE_BYTES", 1 << 12)
-    monkeypatch.setattr(jsonio, "SLICED_FROM", 1 << 16)
-    monkeypatch.setattr(json_slices.orjson, "loads", counted)
-    raw = json.dumps({"model": "m", "messages": turns(1_000)}).encode()
-    assert jsonio.loads(raw) == json.loads(raw) and len(calls) > 10 and max(calls) < len(raw) // 4
-    calls.clear()
-    big = json.dumps({"model": "m", "messages": [*turns(1_000), {"role": "user", "n": 2**100}]}).encode()
-    assert jsonio.loads(big)["messages"][-1]["n"] == 2**100  # the exact path, as before
-    assert not calls or max(calls) == len(big)

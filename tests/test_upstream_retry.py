@@ -33,10 +33,6 @@ def answer(conn: socket.socket, keep_alive: bool = False) -> None:
                  % (len(BODY), close, BODY))
 
 
-def close_unread(conn: socket.socket) -> None:
-    pass  # accept and close: the request is never read
-
-
 def close_after_reading(conn: socket.socket) -> None:
     read_request(conn)
 
@@ -80,9 +76,10 @@ def test_connection_closed_before_any_answer_is_retried_once(tmp_path, stream):
         assert raw.connections == 2
 
 
-@pytest.mark.parametrize("die", [close_unread, reset_after_reading])
-def test_a_reset_is_a_clean_502_not_retried(tmp_path, die):
-    with RawUpstream(first_connection_dies(die)) as raw, proxy_to(raw, tmp_path) as p:
+def test_a_reset_is_a_clean_502_not_retried(tmp_path):
+    """(A provider that closes without reading the request is left out: the client sees a close or a reset by
+    whether the request's bytes had arrived, a race either answer of which is right.)"""
+    with RawUpstream(first_connection_dies(reset_after_reading)) as raw, proxy_to(raw, tmp_path) as p:
         r = chat(p)
         assert r.status_code == 502, r.text
         assert r.json()["error"]["code"] == "upstream_unreachable"

@@ -25,8 +25,6 @@ from typing import Any
 
 import orjson
 
-from proxy.wire.json_slices import SLICED_FROM, loads_sliced
-
 # Integers orjson parses exactly: signed 64-bit and unsigned 64-bit.
 _INT_MIN, _UINT_MAX = -(2**63), 2**64 - 1
 _MAX_INT_CHARS = 21  # longer text ("-" and 20 digits, or 21 digits) is beyond both, no need to convert
@@ -100,10 +98,6 @@ def loads(raw: bytes) -> Any:
     integer too large for it (NaN, Infinity, a lone surrogate, a BOM, bad UTF-8
     stay refused, with orjson's message).
     """
-    if len(raw) >= SLICED_FROM and not may_hold_big_ints(raw):  # no single long C call (json_slices.py)
-        sliced = loads_sliced(raw)
-        if sliced is not None:
-            return sliced
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as refused:
@@ -124,13 +118,13 @@ def loads(raw: bytes) -> Any:
 def loads_checked(raw: bytes, limit: int) -> tuple[Any, bool]:
     """`loads(raw)`, and whether the value nests deeper than `limit` (deeper_than), in one walk of the value.
 
-    A body of 64 KB to SLICED_FROM: orjson parses it, and one C-level walk of the value both measures its depth
+    A body of 64 KB or more: orjson parses it, and one C-level walk of the value both measures its depth
     and looks for the one trace an integer beyond 64 bits leaves in orjson's value, a float of magnitude 2**63
     or more; only then are the raw bytes scanned for one (may_hold_big_ints) and, if one is there, the body
     parsed exactly. `loads` scans the bytes of every body first: at 1 MB that scan (a translate of every byte)
     cost as much again as the walk. Values and verdicts are loads' and deeper_than's (tests/test_depth_walk.py);
-    a smaller or bigger body takes loads and deeper_than as they are."""
-    if not _WALKED_FROM <= len(raw) < SLICED_FROM:
+    a smaller body takes loads and deeper_than as they are."""
+    if len(raw) < _WALKED_FROM:
         value = loads(raw)
         return value, deeper_than(value, limit)
     try:
