@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, lifespan, the error handlers registered, the turns' fast lane installed."""
+"""The FastAPI application: routes, lifespan, the error handlers registered, the browser guard outermost."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from proxy.http import ctx_api
 from proxy.http.answers import CountEveryAnswer
 from proxy.http.chat import chat_completions
 from proxy.http.error_handlers import http_error, proxy_error, unexpected_error
-from proxy.http.fast_lane import Handler, serve, turn_of
 from proxy.http.local_guard import origin_refusal, refuse
 from proxy.http.messages import count_tokens, messages
 from proxy.http.passthrough import passthrough
@@ -42,30 +41,25 @@ _NO_FRAMEWORK_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, 
                                              "operation_spans": False}
 
 
-TURNS: dict[str, Handler] = {"/v1/chat/completions": chat_completions, "/v1/responses": responses,
-                             "/v1/messages": messages}  # the request path's APIs: routed as POST, fast-laned
+TURNS = {"/v1/chat/completions": chat_completions, "/v1/responses": responses,
+         "/v1/messages": messages}  # the request path's APIs, routed as POST
 
 
 class _App(FastAPI):
-    """FastAPI with the turns' fast lane outermost (proxy/http/fast_lane.py): a turn is served before FastAPI's
-    and Starlette's own __call__ and their middleware stack; any other request, and the lifespan, go to them."""
+    """FastAPI with the browser guard outermost (proxy/http/local_guard.py): a request from a web page whose origin
+    is not allowed is refused before anything of it is read; every other request, and the lifespan, go on."""
 
     server: ServerSettings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         origin = _header(scope, b"origin") if scope["type"] != "lifespan" else None
-        if origin is not None:  # sent by browsers alone: a page's request is refused before anything is read
+        if origin is not None:  # sent by browsers alone
             refusal = origin_refusal(origin, _header(scope, b"host"), self.server)
             if refusal is not None:
                 scope["app"] = self
                 await refuse(refusal, scope, receive, send)
                 return
-        handler = None if self.root_path else turn_of(scope, TURNS)
-        if handler is None:
-            await super().__call__(scope, receive, send)
-            return
-        scope["app"] = self  # as Starlette's __call__ sets it: state_of(request) reads the app's state
-        await serve(handler, scope, receive, send)
+        await super().__call__(scope, receive, send)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -118,10 +112,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.server = settings.server
 
     # The proxied paths are plain Starlette routes: they take the raw request, so FastAPI's per-request
-    # dependency and validation machinery would be pure overhead on the hot path. A turn (TURNS) is served by
-    # the fast lane before it reaches the router at all; its routes here are the same handlers, for a request
-    # the lane leaves to the app (a root_path). They come first: the router tries routes in order, and no other
-    # path starts with /v1/ or /r/, so the proxy's own endpoints after them answer exactly as before.
+    # dependency and validation machinery would be pure overhead on the hot path. The turns (TURNS) come first:
+    # the router tries routes in order, and no other path starts with /v1/ or /r/, so the proxy's own endpoints
+    # after them answer exactly as before.
     for prefix in ("", "/r/{route}"):
         for path, handler in TURNS.items():
             app.add_route(prefix + path, handler, methods=["POST"])

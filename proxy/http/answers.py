@@ -78,8 +78,8 @@ class CountEveryAnswer:
 
 class Answer:
     """One client request's answer, counted once: as its response starts, or as the 500 it gets when the app
-    fails before one started (rendered outside, by the outermost error handler). Also used by the fast lane
-    (proxy/http/fast_lane.py), whose turns skip CountEveryAnswer but not their count."""
+    fails before one started (rendered outside, by the outermost error handler). Also used by the browser guard
+    (proxy/http/local_guard.py), whose refusals never reach CountEveryAnswer but are counted all the same."""
 
     __slots__ = ("scope", "started", "_send")
 

@@ -1,8 +1,8 @@
-"""The app's answers to what its handlers raise: one place, used by the FastAPI stack and the fast lane alike.
+"""The app's answers to what its handlers raise: one place.
 
-FastAPI calls them as exception handlers (proxy/app.py registers them); the fast
-lane (proxy/http/fast_lane.py) calls the same functions for the turns it serves,
-so an error reads the same whichever way its request went.
+FastAPI calls them as exception handlers (proxy/app.py registers them); the
+browser guard (proxy/http/local_guard.py) answers its refusals with the same
+function, so an error reads the same whichever way its request went.
 """
 
 from __future__ import annotations

@@ -26,12 +26,12 @@ from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy.config import ServerSettings
 from proxy.errors import ProxyError
-from proxy.http.fast_lane import serve
+from proxy.http.answers import Answer
+from proxy.http.error_handlers import proxy_error
 from proxy.logs import event
 
 INJECTS_KEY = "this route injects the operator's key"
@@ -100,11 +100,9 @@ async def refuse(err: ProxyError, scope: Scope, receive: Receive, send: Send) ->
     """Answer a request refused before it was read: over HTTP as the app answers any ProxyError (in the client's API
     shape, counted and logged); a WebSocket handshake with the same status and JSON, the socket never opened."""
     if scope["type"] == "http":
-        async def refused(request: Request) -> Response:
-            raise err
-
-        scope.setdefault("path_params", {})
-        await serve(refused, scope, receive, send)
+        answer = Answer(scope, send)  # counted as every answer is (CountEveryAnswer's count, which it never reaches)
+        response = await proxy_error(Request(scope, receive), err)
+        await response(scope, receive, answer.send)
         return
     event("websocket refused", path=scope.get("path"), status=err.status, error=err.code)
     await receive()  # websocket.connect
