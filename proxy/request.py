@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from proxy import offloop
 from proxy.config import Route
 from proxy.store import Store
-from proxy.telemetry import NO_TRACE, RequestTrace
+from proxy.telemetry.base import NO_TRACE, RequestTrace
 from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
 from proxy.tokens.encodings import encoding_for_model
 from proxy.tokens.message_facts import MessageFacts

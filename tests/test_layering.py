@@ -49,3 +49,34 @@ def test_no_module_is_over_450_lines() -> None:
     long = {str(p.relative_to(PROXY.parent)): n for p in PROXY.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, long
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    """Every import statement counts: inside functions and under TYPE_CHECKING too (grimp reads them all)."""
+    import grimp
+
+    graph = grimp.build_graph("proxy", include_external_packages=False)
+    done: set[str] = set()
+
+    def cycle_from(start: str) -> list[str] | None:  # depth first, an explicit stack: the path is the cycle found
+        path, on_path, stack = [start], {start}, [iter(sorted(graph.find_modules_directly_imported_by(start)))]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                finished = path.pop()
+                on_path.discard(finished)
+                done.add(finished)
+                stack.pop()
+                continue
+            if nxt in on_path:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in done:
+                path.append(nxt)
+                on_path.add(nxt)
+                stack.append(iter(sorted(graph.find_modules_directly_imported_by(nxt))))
+        return None
+
+    for module in sorted(graph.modules):
+        if module not in done:
+            found = cycle_from(module)
+            assert found is None, " -> ".join(found)

@@ -19,7 +19,7 @@ from proxy.replay import traces_messages as tm
 from proxy.replay.sim_messages_validation import NON_EMPTY
 from proxy.replay.simulator import Simulator
 from proxy.replay.threaded_server import ThreadedServer
-from proxy.replay.traces import example_paths, load_trace
+from proxy.replay.traces import as_messages, example_paths, load_trace
 from proxy.rewrite.compress import summarizer
 from proxy.tokens.encodings import ensure_encodings, get_encoding
 
@@ -507,7 +507,7 @@ def _check_alternating_and_paired(messages):
 
 @pytest.mark.parametrize("path", example_paths(), ids=lambda p: p.stem[:2])
 def test_every_shipped_example_converts_into_requests_the_simulator_accepts(path):
-    trace = tm.as_messages(load_trace(path))
+    trace = as_messages(load_trace(path))
     assert trace.api == "messages" and not trace.native
     chat = json.loads(path.read_text())
     assert len(trace.turns()) == sum(1 for i, m in enumerate(chat["messages"]) if i and m["role"] == "assistant")

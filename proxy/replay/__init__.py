@@ -40,9 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from proxy.replay.traces import Trace, TraceError, example_paths, load_trace
-from proxy.replay.traces_messages import as_messages
-from proxy.replay.traces_responses import as_responses
+from proxy.replay.traces import Trace, TraceError, as_messages, as_responses, example_paths, load_trace
 
 DEFAULT_WINDOW = 32_000
 

@@ -16,6 +16,7 @@ likewise by proxy/replay/traces_messages.py, for ``--api messages``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -69,9 +70,9 @@ class Trace:
     def request(self, i: int) -> dict[str, Any]:
         """The request the agent sent for turn `i` (an entry of `turns()`) in the trace's API."""
         if self.api == "responses":
-            return traces_responses.request(self, i)
+            return traces_responses.request(self.model, self.instructions, (self.items or [])[:i], self.tools)
         if self.api == "messages":
-            return traces_messages.request(self, i)
+            return traces_messages.request(self.model, self.system, (self.items or [])[:i], self.tools)
         body: dict[str, Any] = {"model": self.model, "messages": self.messages[:i]}
         if self.tools:
             body["tools"] = self.tools
@@ -166,3 +167,23 @@ def example_paths() -> list[Path]:
     folder = resources.files("proxy") / "examples"
     return sorted((Path(str(folder / name)) for name in (x.name for x in folder.iterdir())
                    if name.endswith(".json")), key=lambda x: x.name)
+
+
+def as_responses(trace: Trace) -> Trace:
+    """The trace as Responses requests (a native Responses trace as it is)."""
+    if trace.api == "responses":
+        return trace
+    instructions, items, starts = traces_responses.convert_messages(trace.messages)
+    return dataclasses.replace(trace, api="responses", items=items, instructions=instructions,
+                               tools=traces_responses.convert_tools(trace.tools),
+                               ends=[starts[i] for i in trace.turns()])
+
+
+def as_messages(trace: Trace) -> Trace:
+    """The trace as Messages requests (a native Messages trace as it is)."""
+    if trace.api == "messages":
+        return trace
+    system, messages = traces_messages.convert_messages(trace.messages)
+    return dataclasses.replace(trace, api="messages", items=messages, system=system,
+                               tools=traces_messages.convert_tools(trace.tools),
+                               ends=traces_messages.assistant_ends(messages), instructions=None)

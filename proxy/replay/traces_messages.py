@@ -36,14 +36,10 @@ message. So the "no proxy" side is a client that caches as Claude Code does.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from proxy.replay.trace_text import NativeTraceError, content_text
-
-if TYPE_CHECKING:
-    from proxy.replay.traces import Trace
 
 MAX_TOKENS = 4096  # the output budget every replayed Messages request asks for
 BREAKPOINT = {"type": "ephemeral"}
@@ -159,15 +155,6 @@ def assistant_ends(messages: list[Message]) -> list[int]:
     return [k for k, m in enumerate(messages) if k > 0 and m.get("role") == "assistant"]
 
 
-def as_messages(trace: Trace) -> Trace:
-    """The trace as Messages requests (a native Messages trace as it is)."""
-    if trace.api == "messages":
-        return trace
-    system, messages = convert_messages(trace.messages)
-    return dataclasses.replace(trace, api="messages", items=messages, system=system,
-                               tools=convert_tools(trace.tools), ends=assistant_ends(messages), instructions=None)
-
-
 def native_ends(items: list[Any], last_request: int | None) -> list[int]:
     """Each turn's length: up to and including each user message with tool results, and the last request."""
     ends = {k + 1 for k, m in enumerate(items) if isinstance(m, dict) and m.get("role") == "user"
@@ -223,13 +210,13 @@ def with_breakpoints(system: Any, messages: list[Message]) -> tuple[Any, list[Me
     return system, messages
 
 
-def request(trace: Trace, n: int) -> dict[str, Any]:
-    """The Messages request of the turn whose input is the first `n` messages, with Claude Code's breakpoints."""
-    system, messages = with_breakpoints(trace.system, (trace.items or [])[:n])
-    body: dict[str, Any] = {"model": trace.model, "max_tokens": MAX_TOKENS}
+def request(model: str, system: Any, messages: list[Any], tools: list[Any] | None) -> dict[str, Any]:
+    """The Messages request of a turn whose input is `messages`, with Claude Code's breakpoints."""
+    system, messages = with_breakpoints(system, messages)
+    body: dict[str, Any] = {"model": model, "max_tokens": MAX_TOKENS}
     if system:
         body["system"] = system
     body["messages"] = messages
-    if trace.tools:
-        body["tools"] = trace.tools
+    if tools:
+        body["tools"] = tools
     return body

@@ -19,14 +19,10 @@ agent sent the tool's result back and the model answered.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from proxy.replay.trace_text import NativeTraceError, content_text
-
-if TYPE_CHECKING:
-    from proxy.replay.traces import Trace
 
 _OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 _LEADING = frozenset({"system", "developer"})
@@ -100,15 +96,6 @@ def convert_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | 
     return out or None
 
 
-def as_responses(trace: Trace) -> Trace:
-    """The trace as Responses requests (a native Responses trace as it is)."""
-    if trace.api == "responses":
-        return trace
-    instructions, items, starts = convert_messages(trace.messages)
-    return dataclasses.replace(trace, api="responses", items=items, instructions=instructions,
-                               tools=convert_tools(trace.tools), ends=[starts[i] for i in trace.turns()])
-
-
 def native_ends(items: list[Any]) -> list[int]:
     """Each turn's input length: up to and including each tool output."""
     return [k + 1 for k, it in enumerate(items) if isinstance(it, dict) and it.get("type") in _OUTPUTS]
@@ -133,11 +120,11 @@ def check_native(data: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[
     return items, tools or None, instructions
 
 
-def request(trace: Trace, n: int) -> dict[str, Any]:
-    """The Responses request of the turn whose input is the first `n` items."""
-    body: dict[str, Any] = {"model": trace.model, "input": (trace.items or [])[:n]}
-    if trace.instructions:
-        body["instructions"] = trace.instructions
-    if trace.tools:
-        body["tools"] = trace.tools
+def request(model: str, instructions: str | None, items: list[Any], tools: list[Any] | None) -> dict[str, Any]:
+    """The Responses request of a turn whose input is `items`."""
+    body: dict[str, Any] = {"model": model, "input": items}
+    if instructions:
+        body["instructions"] = instructions
+    if tools:
+        body["tools"] = tools
     return body

@@ -36,8 +36,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from proxy.logs import LOGGER_NAME
 from proxy.redact import redact
-from proxy.telemetry import Headers, RequestTrace, Tracing, UpstreamCall
 from proxy.telemetry.attributes import minus, request_attributes, usage_attributes
+from proxy.telemetry.base import Headers, RequestTrace, Tracing, UpstreamCall
 
 if TYPE_CHECKING:
     from proxy.accounting.ledger import Ledger

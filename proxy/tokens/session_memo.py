@@ -29,13 +29,25 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from proxy import offloop
 from proxy.prefix import common_prefix
+from proxy.tokens.message_facts import MessageFacts
 
-if TYPE_CHECKING:
-    from proxy.request import Conversation
+
+class Conversation(Protocol):
+    """What the memo reads and gives of a request's conversation (proxy/request.py Conversation)."""
+
+    raw: bytes
+    client_messages: list[Any]
+    memo: RequestMemo | None
+    facts: MessageFacts
+
+    @property
+    def messages(self) -> list[Any]: ...
+
+    def encoding_name(self) -> str: ...
 
 MEMO_BYTES = 16 * 1024 * 1024  # raw request bytes of the snapshots kept in process, all sessions together
 CHECKPOINTS = 2  # fold states kept per fact: after the last message and after the one before (a retried turn)
