@@ -87,7 +87,7 @@ def passthrough_app(mock_url: str) -> Any:
     from starlette.responses import Response
 
     from proxy.config import UpstreamSettings
-    from proxy.upstream.client import Upstream, read_body, request_headers
+    from proxy.upstream.client import Upstream, read_answer, request_headers
 
     settings = UpstreamSettings(base_url=mock_url)
     url = mock_url.rstrip("/") + "/chat/completions"
@@ -105,7 +105,7 @@ def passthrough_app(mock_url: str) -> Any:
         payload = orjson.dumps(orjson.loads(await request.body()))
         headers = request_headers(request.headers.items(), settings, identity_encoding=True)
         resp = await held["upstream"].send("POST", url, headers, payload, settings)
-        content = await read_body(resp, url)
+        content = await read_answer(resp, url)
         return Response(content, status_code=resp.status_code, media_type="application/json")
 
     chat.__annotations__ = {"request": Request, "return": Response}  # real types, for FastAPI (future annotations)

@@ -37,7 +37,7 @@ from proxy.accounting.figures import Figures, measure
 from proxy.accounting.ledger import Ledger, Outcome
 from proxy.accounting.metrics import Metrics
 from proxy.accounting.own_calls import own_call_counts, own_call_entry
-from proxy.accounting.prefix_check import UNMEASURED, PrefixCheck, Trace, expiry_cause, hidden_cacheable
+from proxy.accounting.prefix_check import UNMEASURED, PrefixCheck, PrefixTrace, expiry_cause, hidden_cacheable
 from proxy.accounting.previous import Previous
 from proxy.logs import event, log
 from proxy.request import Conversation, RequestContext
@@ -82,11 +82,11 @@ class Accountant:
             trace, figures, roles = await offloop.run(self._measure, conv, ctx)
         return Ledger(self, ctx, conv, trace, figures, await self.check(ctx, conv, trace), outcome, roles=roles)
 
-    def _measure(self, conv: Conversation, ctx: RequestContext) -> tuple[Trace, Figures, str]:
+    def _measure(self, conv: Conversation, ctx: RequestContext) -> tuple[PrefixTrace, Figures, str]:
         trace = self.trace(conv, ctx)
         return trace, measure(conv, trace), inspector.roles(conv)
 
-    def trace(self, conv: Conversation, ctx: RequestContext) -> Trace:
+    def trace(self, conv: Conversation, ctx: RequestContext) -> PrefixTrace:
         sent = list(conv.messages)
         for i, m in conv.unmarked.items():  # cache markers are not content
             sent[i] = m
@@ -95,19 +95,19 @@ class Accountant:
         compaction = max((e.version for e in conv.kinds(CompactionInEffect)), default=0)
         system = system_end(conv.wire, conv.client_messages)
         prefix = conv.prefix  # the top-level system prompt, where the API has one: counted with the tools
-        return Trace(raw=conv.digests(conv.client_messages), system=system, sent=digests, counts=conv.counts(sent),
-                     tools=message_digest({"tools": tools}) if tools else b"",
-                     tool_names=conv.wire.tool_names(tools), tool_tokens=conv.head_tokens(),
-                     compaction=compaction, prefix=conv.digest(prefix) if prefix is not None else b"")
+        return PrefixTrace(raw=conv.digests(conv.client_messages), system=system, sent=digests,
+                           counts=conv.counts(sent), tools=message_digest({"tools": tools}) if tools else b"",
+                           tool_names=conv.wire.tool_names(tools), tool_tokens=conv.head_tokens(),
+                           compaction=compaction, prefix=conv.digest(prefix) if prefix is not None else b"")
 
-    async def check(self, ctx: RequestContext, conv: Conversation, trace: Trace) -> PrefixCheck:
+    async def check(self, ctx: RequestContext, conv: Conversation, trace: PrefixTrace) -> PrefixCheck:
         """This request against the earlier one it could reuse a cached prefix of (proxy/accounting/previous.py);
         not measured when the provider holds the history (previous_response_id): the prompt is not all here."""
         if conv.kinds(HistoryElsewhere):
             return UNMEASURED
         return await self._previous.check(ctx.tenant, ctx.session, ctx.model, trace)
 
-    def record(self, ctx: RequestContext, conv: Conversation, trace: Trace, check: PrefixCheck, outcome: Outcome,
+    def record(self, ctx: RequestContext, conv: Conversation, trace: PrefixTrace, check: PrefixCheck, outcome: Outcome,
                figures: Figures, rounds: Rounds | None = None, roles: str | None = None) -> dict[str, Any]:
         """Metrics now; the store in the background. Returns fields for the request's log line.
 
@@ -134,7 +134,7 @@ class Accountant:
         return {"client_messages": [{"index": i, "message": m} for i, (d, m)
                                     in enumerate(zip(trace.raw, conv.client_messages)) if d not in known]}
 
-    def cacheable(self, conv: Conversation, trace: Trace, check: PrefixCheck, accepted: bool, status: int,
+    def cacheable(self, conv: Conversation, trace: PrefixTrace, check: PrefixCheck, accepted: bool, status: int,
                   rounds: Rounds | None) -> int | None:
         """Over every provider call of the turn the provider accepted, as its usage is summed: the first call's
         shared prefix, and each hidden round's (the whole prompt of the call before it). None: not measured."""
@@ -149,7 +149,7 @@ class Accountant:
         return check.cacheable + hidden_cacheable(trace.prompt, conv.counts(rounds.messages[first:]), rounds.sent,
                                                   first, calls)
 
-    def _entry(self, ctx: RequestContext, conv: Conversation, trace: Trace, check: PrefixCheck, o: Outcome,
+    def _entry(self, ctx: RequestContext, conv: Conversation, trace: PrefixTrace, check: PrefixCheck, o: Outcome,
                f: Figures, rounds: Rounds | None, read: ReadBack) -> dict[str, Any]:
         u, ok = o.usage, o.accepted
         return {

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from proxy.accounting.prefix_check import Trace
+from proxy.accounting.prefix_check import PrefixTrace
 from proxy.prefix import common_prefix
 from proxy.request import Conversation
 from proxy.rewrite.events import Compacted, Degraded, Offloaded
@@ -186,7 +186,7 @@ def client_tools(conv: Conversation) -> list[Any]:
     return tools[:-1] if conv.read_tool is not None and tools else tools
 
 
-def measure(conv: Conversation, trace: Trace) -> Figures:
+def measure(conv: Conversation, trace: PrefixTrace) -> Figures:
     """The request's figures, from the conversation as sent and the trace accounting computed for it.
 
     Counting the client's messages goes through the request's message facts,

@@ -23,7 +23,7 @@ from itertools import repeat
 from typing import Any
 
 from proxy.accounting.figures import Figures, client_tools, handle_in
-from proxy.accounting.prefix_check import Trace
+from proxy.accounting.prefix_check import PrefixTrace
 from proxy.request import Conversation
 from proxy.tokens.counter import default_counter, message_digest
 from proxy.wire.codec import Codec, Item
@@ -68,7 +68,7 @@ def roles(conv: Conversation) -> str:
     return "".join(map(_ROLE_CODES.get, map(conv.wire.label, conv.client_messages), repeat("?")))
 
 
-def record(request_id: str, conv: Conversation, trace: Trace, figures: Figures,
+def record(request_id: str, conv: Conversation, trace: PrefixTrace, figures: Figures,
            rounds: list[dict[str, Any]], client_roles: str | None = None) -> dict[str, Any]:
     """The compact inspector record of one request (`client_roles`: `roles(conv)`, when already known)."""
     codes = roles(conv) if client_roles is None else client_roles
@@ -98,7 +98,7 @@ def record(request_id: str, conv: Conversation, trace: Trace, figures: Figures,
             "fields": fields, "rounds": rounds}
 
 
-def new_texts(conv: Conversation, trace: Trace, figures: Figures, previous: Trace | None,
+def new_texts(conv: Conversation, trace: PrefixTrace, figures: Figures, previous: PrefixTrace | None,
               log_content: bool, rounds_messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Texts the inspector will need that the session's previous request did not already store.
 

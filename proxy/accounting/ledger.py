@@ -15,7 +15,7 @@ from functools import reduce
 from typing import Any, Protocol
 
 from proxy.accounting.figures import Figures
-from proxy.accounting.prefix_check import PrefixCheck, Trace
+from proxy.accounting.prefix_check import PrefixCheck, PrefixTrace
 from proxy.accounting.report import event_headers
 from proxy.request import Conversation, ReadRounds, RequestContext
 from proxy.wire.usage import Usage
@@ -39,10 +39,10 @@ class Outcome:
 class Recorder(Protocol):
     """Where a ledger records its request (proxy/accounting/accountant.py Accountant)."""
 
-    def record(self, ctx: RequestContext, conv: Conversation, trace: Trace, check: PrefixCheck, outcome: Outcome,
+    def record(self, ctx: RequestContext, conv: Conversation, trace: PrefixTrace, check: PrefixCheck, outcome: Outcome,
                figures: Figures, rounds: ReadRounds | None = None, roles: str | None = None) -> dict[str, Any]: ...
 
-    def cacheable(self, conv: Conversation, trace: Trace, check: PrefixCheck, accepted: bool, status: int,
+    def cacheable(self, conv: Conversation, trace: PrefixTrace, check: PrefixCheck, accepted: bool, status: int,
                   rounds: ReadRounds | None) -> int | None: ...
 
 
@@ -51,7 +51,7 @@ class Ledger:
     accountant: Recorder
     ctx: RequestContext
     conv: Conversation
-    trace: Trace
+    trace: PrefixTrace
     figures: Figures
     check: PrefixCheck
     outcome: Outcome

@@ -22,7 +22,7 @@ MIN_LOST_SHARE = 0.05
 
 
 @dataclass
-class Trace:
+class PrefixTrace:
     """One request of a session, as the client sent it and as the provider received it."""
 
     raw: list[bytes]  # message digests, client's view
@@ -45,7 +45,7 @@ class Trace:
                 "tool_tokens": self.tool_tokens, "compaction": self.compaction, "prefix": self.prefix.hex()}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Trace:
+    def from_json(cls, d: dict[str, Any]) -> PrefixTrace:
         return cls([bytes.fromhex(x) for x in d["raw"]], d["system"], [bytes.fromhex(x) for x in d["sent"]],
                    d["counts"], bytes.fromhex(d["tools"]), d["tool_names"], d["tool_tokens"], d["compaction"],
                    bytes.fromhex(d.get("prefix", "")))
@@ -62,7 +62,7 @@ class PrefixCheck:
 UNMEASURED = PrefixCheck(0, 0, None, measured=False)
 
 
-def _tools_cause(prev: Trace, cur: Trace) -> str:
+def _tools_cause(prev: PrefixTrace, cur: PrefixTrace) -> str:
     if sorted(prev.tool_names) == sorted(cur.tool_names):
         return "tools reordered" if prev.tool_names != cur.tool_names else "tool definitions changed"
     if set(prev.tool_names) < set(cur.tool_names):
@@ -72,7 +72,7 @@ def _tools_cause(prev: Trace, cur: Trace) -> str:
     return "tools changed"
 
 
-def compare(prev: Trace | None, cur: Trace) -> PrefixCheck:
+def compare(prev: PrefixTrace | None, cur: PrefixTrace) -> PrefixCheck:
     if prev is None:
         return PrefixCheck(0, 0, None)
     if prev.tools != cur.tools:

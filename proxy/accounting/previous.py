@@ -25,7 +25,7 @@ import functools
 import hashlib
 from typing import Any
 
-from proxy.accounting.prefix_check import PrefixCheck, Trace, compare
+from proxy.accounting.prefix_check import PrefixCheck, PrefixTrace, compare
 from proxy.lru import LRU
 from proxy.store import Store, StoreError
 from proxy.store.keys import session_key, tenant_key
@@ -62,21 +62,21 @@ class Previous:
 
     def __init__(self, store: Store, shared: bool = False) -> None:
         self.store, self.shared = store, shared
-        self._traces: LRU[str, Trace] = LRU(TRACES_CACHED)
+        self._traces: LRU[str, PrefixTrace] = LRU(TRACES_CACHED)
 
-    async def _get(self, key: str) -> Trace | None:
+    async def _get(self, key: str) -> PrefixTrace | None:
         trace = None if self.shared else self._traces.get(key)
         if trace is None:
             try:
                 raw = await self.store.get_json(key)
             except StoreError:  # this process's own latest, if it has one
                 return self._traces.get(key)
-            trace = Trace.from_json(raw) if raw else None
+            trace = PrefixTrace.from_json(raw) if raw else None
             if trace is not None:
                 self._traces.put(key, trace)
         return trace
 
-    async def check(self, tenant: str, session: str, model: str | None, cur: Trace) -> PrefixCheck:
+    async def check(self, tenant: str, session: str, model: str | None, cur: PrefixTrace) -> PrefixCheck:
         """This request against the session's previous accepted one to its model, else the tenant's latest
         opening on that model (cacheable only: no cause, no previous)."""
         prev = await self._get(trace_key(tenant, session, model))
@@ -87,11 +87,11 @@ class Previous:
             return PrefixCheck(0, 0, None)
         return PrefixCheck(compare(opening, cur).cacheable, 0, None)
 
-    def last(self, tenant: str, session: str, model: str | None) -> Trace | None:
+    def last(self, tenant: str, session: str, model: str | None) -> PrefixTrace | None:
         """The session's previous trace for the model, if this process holds it (for the inspector's texts)."""
         return self._traces.get(trace_key(tenant, session, model))
 
-    def keep(self, tenant: str, session: str, model: str | None, trace: Trace, opened: bool) -> dict[str, Any]:
+    def keep(self, tenant: str, session: str, model: str | None, trace: PrefixTrace, opened: bool) -> dict[str, Any]:
         """Make `trace` the one the next request is compared with; returns the store writes to do.
         `opened`: it had no previous in its session (it is the tenant's latest opening on its model too)."""
         writes = {trace_key(tenant, session, model): trace}

@@ -25,7 +25,7 @@ from proxy.request import Conversation, RequestContext
 from proxy.rewrite.context_read.loop import ReadLoop
 from proxy.rewrite.pipeline import response_loop, shape
 from proxy.state import ProxyState, state_of
-from proxy.upstream.client import iter_raw, read_body, response_headers
+from proxy.upstream.client import iter_raw, read_answer, response_headers
 from proxy.wire.codec import Codec
 from proxy.wire.usage import Usage
 
@@ -102,7 +102,7 @@ async def _whole(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop:
     resp = sent.resp
     try:
         if loop is None:
-            content = await read_body(resp, sent.url)
+            content = await read_answer(resp, sent.url)
         else:
             resp, content = await loop.complete(resp)
             run.headers["x-ctxproxy-read-rounds"] = str(loop.done)

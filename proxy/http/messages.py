@@ -17,14 +17,13 @@ from starlette.responses import Response
 from proxy import loop_free
 from proxy.errors import ProxyError
 from proxy.http.handler import handle
-from proxy.http.relay import error_response, query_of, relay_response
-from proxy.http.relay import read_body as read_request_body
+from proxy.http.relay import error_response, query_of, read_body, relay_response
 from proxy.http.request_run import RequestRun, context
 from proxy.http.send import traced_send
 from proxy.rewrite.events import Degraded
 from proxy.rewrite.pipeline import shape
 from proxy.state import ProxyState, state_of
-from proxy.upstream.client import read_body, response_headers, upstream_url
+from proxy.upstream.client import read_answer, response_headers, upstream_url
 from proxy.wire.codec import Body
 from proxy.wire.messages.codec import MESSAGES, Messages
 
@@ -62,7 +61,7 @@ async def count_tokens(request: Request) -> Response:
 
 async def _count_tokens(st: ProxyState, request: Request, run: RequestRun) -> Response:
     try:
-        raw = await read_request_body(request, st.settings.server)
+        raw = await read_body(request, st.settings.server)
         conv = await loop_free.parse(raw, COUNTING)
         ctx = await context(st, request, conv, run)
         if ctx.route.count_tokens == "rewritten":
@@ -74,7 +73,7 @@ async def _count_tokens(st: ProxyState, request: Request, run: RequestRun) -> Re
                                      ctx.route.upstream, ctx.model)
         else:
             resp = await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
-        content = await read_body(resp, url)
+        content = await read_answer(resp, url)
     except ProxyError as err:
         run.finish({}, status=err.status, error=err.code)
         return error_response(err, MESSAGES, run.headers)

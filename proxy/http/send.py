@@ -34,7 +34,7 @@ from proxy.rewrite.context_read.loop import Send
 from proxy.rewrite.pipeline import shape
 from proxy.state import ProxyState
 from proxy.telemetry import Headers, RequestTrace
-from proxy.upstream.client import read_body, upstream_url
+from proxy.upstream.client import read_answer, upstream_url
 from proxy.upstream.windows import overflow_limit
 
 Meanwhile = Callable[[Conversation, RequestContext], Awaitable[Ledger]]
@@ -89,7 +89,7 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, sen
                              ctx: RequestContext, run: RequestRun
                              ) -> tuple[httpx.Response, Conversation, RequestContext]:
     """On a context overflow, learn the window it names, rewrite to fit, and try once more."""
-    content = await read_body(resp, url)
+    content = await read_answer(resp, url)
     reserve = conv.wire.output_reserve(conv.body)
     limit = overflow_limit(content, conv.window_need(), reserve)
     if limit is None or limit >= ctx.window:

@@ -81,7 +81,7 @@ def http_request(ws: WebSocket, headers: list[tuple[bytes, bytes]], body: bytes)
 
 
 @dataclass
-class Outcome:
+class Completion:
     """What the client saw of the turn: the response it completed (its id and output), if it completed."""
 
     response_id: str | None = None
@@ -106,7 +106,7 @@ def proxy_error(err: errors.ProxyError, stream_id: str | None = None) -> bytes:
 
 
 async def run_turn(ws: WebSocket, headers: list[tuple[bytes, bytes]], body: dict[str, Any], size: int,
-                   stream_id: str | None, outcome: Outcome) -> AsyncGenerator[bytes, None]:
+                   stream_id: str | None, outcome: Completion) -> AsyncGenerator[bytes, None]:
     """The turn's frames, in order; `outcome` says how it ended. `size`: the bytes of JSON `body` stands for (a big
     body is written off the event loop, as the HTTP path writes one)."""
     raw = jsonio.dumps(body) if offloop.body_is_light(size) else await offloop.run(jsonio.dumps, body)
@@ -118,7 +118,7 @@ async def run_turn(ws: WebSocket, headers: list[tuple[bytes, bytes]], body: dict
     yield _whole_frame(resp, stream_id, outcome)
 
 
-async def _stream_frames(resp: StreamingResponse, stream_id: str | None, outcome: Outcome) -> AsyncIterator[bytes]:
+async def _stream_frames(resp: StreamingResponse, stream_id: str | None, outcome: Completion) -> AsyncIterator[bytes]:
     buffer = bytearray()
     chunks = resp.body_iterator
     try:
@@ -137,7 +137,7 @@ async def _stream_frames(resp: StreamingResponse, stream_id: str | None, outcome
         await chunks.aclose()  # type: ignore[attr-defined]
 
 
-def _frame(payload: bytes, stream_id: str | None, outcome: Outcome) -> bytes:
+def _frame(payload: bytes, stream_id: str | None, outcome: Completion) -> bytes:
     """One event's JSON as its frame: the provider's bytes, unless it is an error (the WebSocket shape), it
     completes the response (its id and output are kept), or the turn has a lane (`stream_id` echoed)."""
     head = payload[:160]
@@ -166,7 +166,7 @@ def _frame(payload: bytes, stream_id: str | None, outcome: Outcome) -> bytes:
     return jsonio.dumps(data)
 
 
-def _whole_frame(resp: Response, stream_id: str | None, outcome: Outcome) -> bytes:
+def _whole_frame(resp: Response, stream_id: str | None, outcome: Completion) -> bytes:
     """A turn answered whole: an error status as the `error` event; a whole response as `response.completed`."""
     body = bytes(resp.body)
     try:

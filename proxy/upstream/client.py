@@ -230,7 +230,7 @@ async def iter_raw(resp: httpx.Response, url: str) -> AsyncIterator[bytes]:
         await resp.aclose()
 
 
-async def read_body(resp: httpx.Response, url: str) -> bytes:
+async def read_answer(resp: httpx.Response, url: str) -> bytes:
     """The whole (decoded) body, for responses the proxy must look into."""
     try:
         return await resp.aread()

@@ -30,7 +30,7 @@ from proxy.config import UpstreamSettings
 from proxy.rewrite.compress.history import Message, text_of
 from proxy.telemetry import NO_TRACE, RequestTrace, UpstreamCall
 from proxy.tokens.counter import default_counter
-from proxy.upstream.client import Upstream, read_body, upstream_url
+from proxy.upstream.client import Upstream, read_answer, upstream_url
 from proxy.wire import jsonio
 from proxy.wire.codec import Codec, call_names
 from proxy.wire.usage import Usage, parse_usage
@@ -201,7 +201,7 @@ async def _send(target: SummarizerTarget, items: list[Message], tools: list[Any]
         resp = await target.upstream.send("POST", url, call.headers if call else target.headers, body, target.settings)
         if call is not None:
             resp = call.answered(resp)
-        content = await read_body(resp, url)
+        content = await read_answer(resp, url)
     except Exception as e:  # transport, timeout, or the proxy's own mapping of them
         if call is not None:
             call.failed(e)

@@ -49,7 +49,7 @@ from proxy import offloop
 from proxy.request import Conversation, ReadTool
 from proxy.rewrite.context_read.tool import answer
 from proxy.store.archive import Archive
-from proxy.upstream.client import iter_raw, read_body
+from proxy.upstream.client import iter_raw, read_answer
 from proxy.wire import jsonio
 from proxy.wire.codec import Item
 from proxy.wire.read_shape import (
@@ -128,7 +128,7 @@ class ReadLoop:
         resp = first
         while True:
             hidden = self.done > 0
-            content = await read_body(resp, self.url)
+            content = await read_answer(resp, self.url)
             ctype = resp.headers.get("content-type", "")
             if resp.status_code != 200:
                 if hidden and not is_error_body(content):
@@ -235,6 +235,6 @@ class ReadLoop:
         ctype = resp.headers.get("content-type", "")
         if resp.status_code == 200 and ctype.startswith(SSE):
             return
-        content = await read_body(resp, self.url)
+        content = await read_answer(resp, self.url)
         raise hidden_failure(resp.status_code, content, ctype,
                              "not an event stream" if resp.status_code == 200 else "an error status")
