@@ -33,7 +33,7 @@ def serve_mock() -> int:
     from tests.mock_upstream import MockUpstream
 
     class LoadMock(MockUpstream):
-        def _next_reply(self, body: dict[str, Any]) -> ms.Reply:
+        def _next_reply(self, body: dict[str, Any], call_prefix: str = "call_load") -> ms.Reply:
             neighbour = hostile.mock_reply(body.get("messages") or [])
             if neighbour is not None:
                 return neighbour
@@ -51,7 +51,7 @@ def serve_mock() -> int:
                     "write_file": {"path": f"src/pkg/mod_{n}.py", "content": f"VALUE = {n}\n"},
                     "search": {"pattern": f"def handler_{n}", "glob": "*.py"},
                     "list_dir": {"path": f"src/pkg/sub_{n}"}}[name]
-            return ms.Reply(None, [ms.ToolCall(f"call_load_{seq}", name, orjson.dumps(args).decode())])
+            return ms.Reply(None, [ms.ToolCall(f"{call_prefix}_{seq}", name, orjson.dumps(args).decode())])
 
     mock = LoadMock()
     settings = {"delay": 0.0, "chunk_delay": 0.0}
