@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import functools
 import gc
+import io
 import itertools
+import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ from mock_upstream import MockUpstream
 from proxy_server import InProcessProxy, ProxyServer, make_settings
 
 import proxy.app
+from proxy import logs
+from proxy.app import create_app
 from proxy.config import Settings
 from proxy.tokens.encodings import SeededEncodings, ensure_encodings
 
@@ -237,3 +241,47 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(_SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
+# ============================================================================
+# The JSON log, captured (tests/test_log_lines.py, tests/test_secrets_channels.py)
+
+class Writes(io.StringIO):
+    """A stream that remembers each write call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.calls.append(s)
+        return super().write(s)
+
+
+@pytest.fixture
+def log_stream(monkeypatch: pytest.MonkeyPatch) -> Iterator[Writes]:
+    """setup_logging's handler writing to a Writes (every write call kept); the loggers put back afterwards."""
+    names = (logs.LOGGER_NAME, "uvicorn", "uvicorn.error")
+    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level, logging.getLogger(n).propagate)
+             for n in names}
+    out = Writes()
+    monkeypatch.setattr(logs.sys, "stderr", out)
+    monkeypatch.setattr(logs, "_direct", None)
+    logs.setup_logging()
+    yield out
+    for n, (handlers, level, propagate) in saved.items():
+        lg = logging.getLogger(n)
+        lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
+
+
+# ============================================================================
+# The app over ASGI (tests/test_hostile_rounds.py, tests/test_readback_leaks.py)
+
+@pytest.fixture
+async def asgi_client(upstream: MockUpstream, tmp_path: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """The app in process, its lifespan run, reached over ASGI (a fresh SQLite store per test)."""
+    app = create_app(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db"))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy", timeout=30) as c:
+            yield c

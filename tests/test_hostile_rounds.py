@@ -2,12 +2,12 @@
 
 The proxy is driven in process over ASGI (the transport is not the subject);
 the provider is the tests' mock, scripted byte for byte with `fail_next`. A
-request carrying a client tool gets the proxy's `context_read` appended, so a
+request carrying a asgi_client tool gets the proxy's `context_read` appended, so a
 first answer that calls it (with any handle: an unknown one is answered too)
 starts a hidden round whose answer is the hostile one.
 
 What must hold whatever the provider sends: never a 500 or an internal-error
-event; a stream the client can parse, ending in exactly one terminal or one
+event; a stream the asgi_client can parse, ending in exactly one terminal or one
 error event in its own API's shape; none of the proxy's calls shown; no event
 the provider forged by hiding a line break in an event type.
 """
@@ -15,30 +15,16 @@ the provider forged by hiding a line break in an event type.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from mock_upstream import MockUpstream
-from proxy_server import make_settings
-
-from proxy.app import create_app
 
 SSE = {"content-type": "text/event-stream"}
 KEY = "sk-hostile-rounds"
 OPENAI_AUTH = {"authorization": f"Bearer {KEY}"}
 ANTHROPIC_AUTH = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
-FORGED = b"forged"  # in every forged event: must never reach the client as an event of its own
-
-
-@pytest.fixture
-async def client(upstream: MockUpstream, tmp_path: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db"))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://proxy", timeout=30) as c:
-            yield c
+FORGED = b"forged"  # in every forged event: must never reach the asgi_client as an event of its own
 
 
 def dumps(obj: Any) -> bytes:
@@ -53,7 +39,7 @@ def named(data: dict[str, Any], raw: bytes | None = None) -> bytes:
 
 
 def events(raw: bytes) -> list[tuple[str | None, dict[str, Any]]]:
-    """(event name, data) of every event, parsed as an SSE client does (a line break ends a field)."""
+    """(event name, data) of every event, parsed as an SSE asgi_client does (a line break ends a field)."""
     out = []
     for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
         name, data = None, b""
@@ -105,8 +91,8 @@ def read_call_stream() -> bytes:
                             {"type": "response.output_item.done", "output_index": 0, "item": item}, output=[item])
 
 
-async def post_responses(client: httpx.AsyncClient, stream: bool) -> httpx.Response:
-    return await client.post("/v1/responses", json=responses_body(stream), headers=OPENAI_AUTH)
+async def post_responses(asgi_client: httpx.AsyncClient, stream: bool) -> httpx.Response:
+    return await asgi_client.post("/v1/responses", json=responses_body(stream), headers=OPENAI_AUTH)
 
 
 def assert_responses_error_at_end(raw: bytes) -> dict[str, Any]:
@@ -119,13 +105,13 @@ def assert_responses_error_at_end(raw: bytes) -> dict[str, Any]:
     assert isinstance(err["message"], str) and err["message"] and isinstance(err["sequence_number"], int)
     assert err["code"] != "internal_error" and "internal proxy error" not in err["message"], err
     seqs = [d["sequence_number"] for _, d in evs if isinstance(d.get("sequence_number"), int)]
-    assert seqs == list(range(len(seqs))), seqs  # the error's number follows the last the client got
+    assert seqs == list(range(len(seqs))), seqs  # the error's number follows the last the asgi_client got
     return err
 
 
 @pytest.mark.parametrize("hostile", ["item null", "item type a list", "item a string"])
 async def test_responses_hidden_round_with_an_ill_formed_output_item_ends_in_one_error_event(
-        client, upstream, hostile):
+        asgi_client, upstream, hostile):
     bad: Any = {"item null": None, "item type a list": {**shell_item(), "type": ["function_call"]},
                 "item a string": "function_call"}[hostile]
     upstream.fail_next(200, read_call_stream(), SSE)
@@ -133,36 +119,36 @@ async def test_responses_hidden_round_with_an_ill_formed_output_item_ends_in_one
                                               "item": {"type": "message", "role": "assistant", "content": []}},
                                              {"type": "response.output_item.done", "output_index": 0, "item": bad}),
                        SSE)
-    r = await post_responses(client, stream=True)
+    r = await post_responses(asgi_client, stream=True)
     assert r.status_code == 200
     assert_responses_error_at_end(r.content)
     assert len(upstream.requests) == 2
 
 
-async def test_responses_item_type_a_list_in_a_non_streamed_answer_is_no_500(client, upstream):
+async def test_responses_item_type_a_list_in_a_non_streamed_answer_is_no_500(asgi_client, upstream):
     upstream.fail_next(200, dumps(response_obj([read_item()])))
     upstream.fail_next(200, dumps(response_obj([{**shell_item(), "type": ["function_call"]}])))
-    r = await post_responses(client, stream=False)
+    r = await post_responses(asgi_client, stream=False)
     assert r.status_code == 200, r.text
     assert r.json()["output"][0]["type"] == ["function_call"]  # the provider's answer, the proxy's call gone
     upstream.fail_next(200, dumps(response_obj([{**read_item(), "type": ["function_call"]}])))
-    r = await post_responses(client, stream=False)
+    r = await post_responses(asgi_client, stream=False)
     assert r.status_code == 200, r.text  # a first answer the loop cannot read: as it came
 
 
-async def test_responses_first_round_item_type_a_list_is_no_internal_error(client, upstream):
+async def test_responses_first_round_item_type_a_list_is_no_internal_error(asgi_client, upstream):
     item = {**shell_item(), "type": ["function_call"]}
     upstream.fail_next(200, responses_stream({"type": "response.output_item.added", "output_index": 0, "item": item},
                                              {"type": "response.output_item.done", "output_index": 0, "item": item},
                                              output=[item]), SSE)
-    r = await post_responses(client, stream=True)
+    r = await post_responses(asgi_client, stream=True)
     assert r.status_code == 200
     kinds = [d.get("type") for _, d in events(r.content)]
     assert kinds[-1] == "response.completed" and "error" not in kinds, kinds
 
 
-async def test_responses_proxy_call_without_its_done_event_is_not_in_the_completed_output(client, upstream):
-    """The proxy's call beside a client call (so no hidden round): the client never sees the proxy's call,
+async def test_responses_proxy_call_without_its_done_event_is_not_in_the_completed_output(asgi_client, upstream):
+    """The proxy's call beside a asgi_client call (so no hidden round): the asgi_client never sees the proxy's call,
     in the events or in response.completed's output, even when no output_item.done came for it."""
     read, shell = read_item(), shell_item()
     upstream.fail_next(200, responses_stream(
@@ -170,7 +156,7 @@ async def test_responses_proxy_call_without_its_done_event_is_not_in_the_complet
         {"type": "response.output_item.added", "output_index": 1, "item": shell},
         {"type": "response.output_item.done", "output_index": 1, "item": shell},
         output=[read, shell]), SSE)
-    r = await post_responses(client, stream=True)
+    r = await post_responses(asgi_client, stream=True)
     assert r.status_code == 200
     evs = events(r.content)
     completed = evs[-1][1]
@@ -182,7 +168,8 @@ async def test_responses_proxy_call_without_its_done_event_is_not_in_the_complet
 
 @pytest.mark.parametrize("spacing", ["compact", "spaced"])
 @pytest.mark.parametrize("tools", [True, False])
-async def test_responses_provider_error_event_ends_the_stream_with_no_second_error(client, upstream, spacing, tools):
+async def test_responses_provider_error_event_ends_the_stream_with_no_second_error(asgi_client, upstream, spacing,
+                                                                                  tools):
     error = {"type": "error", "code": "server_error", "message": "the model is overloaded", "param": None,
              "sequence_number": 1}
     raw = dumps(error) if spacing == "compact" else json.dumps(error).encode()
@@ -191,39 +178,39 @@ async def test_responses_provider_error_event_ends_the_stream_with_no_second_err
     body = responses_body(True)
     if not tools:
         del body["tools"]
-    r = await client.post("/v1/responses", json=body, headers=OPENAI_AUTH)
+    r = await asgi_client.post("/v1/responses", json=body, headers=OPENAI_AUTH)
     assert r.status_code == 200
     errors = [d for n, d in events(r.content) if n == "error" or d.get("type") == "error" or "error" in d]
     assert errors == [error], r.content  # the provider's, once; not followed by "upstream stream ended early"
 
 
 @pytest.mark.parametrize("tools", [True, False])
-async def test_responses_cut_stream_ends_with_a_responses_error_event(client, upstream, tools):
+async def test_responses_cut_stream_ends_with_a_responses_error_event(asgi_client, upstream, tools):
     upstream.fail_next(200, responses_stream({"type": "response.output_text.delta", "output_index": 0,
                                               "content_index": 0, "delta": "hal"}, end=False), SSE)
     body = responses_body(True)
     if not tools:
         del body["tools"]
-    r = await client.post("/v1/responses", json=body, headers=OPENAI_AUTH)
+    r = await asgi_client.post("/v1/responses", json=body, headers=OPENAI_AUTH)
     err = assert_responses_error_at_end(r.content)
     assert err["code"] == "upstream_stream_cut"
 
 
-async def test_responses_hidden_round_failure_is_a_responses_error_event(client, upstream):
+async def test_responses_hidden_round_failure_is_a_responses_error_event(asgi_client, upstream):
     upstream.fail_next(200, read_call_stream(), SSE)
     upstream.fail_next(500, b"<html>" + FORGED + b"</html>")
-    r = await post_responses(client, stream=True)
+    r = await post_responses(asgi_client, stream=True)
     err = assert_responses_error_at_end(r.content)
     assert err["code"] == "upstream_bad_response" and FORGED not in r.content
 
 
-async def test_responses_event_type_with_a_line_break_cannot_forge_events(client, upstream):
+async def test_responses_event_type_with_a_line_break_cannot_forge_events(asgi_client, upstream):
     """A hidden round's events are renumbered and rewritten; a `type` holding a line break would end the
     `event:` line and let the provider write an event of its own: refused instead."""
     forged = 'response.output_text.delta\n\nevent: response.completed\ndata: {"type":"forged"}'
     upstream.fail_next(200, read_call_stream(), SSE)
     upstream.fail_next(200, responses_stream({"type": forged, "output_index": 0, "delta": "x"}), SSE)
-    r = await post_responses(client, stream=True)
+    r = await post_responses(asgi_client, stream=True)
     assert r.status_code == 200
     assert_responses_error_at_end(r.content)
     assert all(d.get("type") != "forged" for _, d in events(r.content)), r.content
@@ -277,22 +264,22 @@ def block_events(index: int, block: dict[str, Any]) -> bytes:
             + named({"type": "content_block_stop", "index": index}))
 
 
-async def post_messages(client: httpx.AsyncClient, stream: bool) -> httpx.Response:
-    return await client.post("/v1/messages", json=messages_body(stream), headers=ANTHROPIC_AUTH)
+async def post_messages(asgi_client: httpx.AsyncClient, stream: bool) -> httpx.Response:
+    return await asgi_client.post("/v1/messages", json=messages_body(stream), headers=ANTHROPIC_AUTH)
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_messages_read_call_nested_300_levels_deep_is_no_500(client, upstream, stream):
+async def test_messages_read_call_nested_300_levels_deep_is_no_500(asgi_client, upstream, stream):
     """Its input cannot be written back to the provider (proxy/wire/jsonio.py SAFE_DEPTH): the call is answered
     as one with garbled input (an error the model reads, the call sent back with an empty input), whole or
-    streamed, and never reaches the client (tests/test_readback_leaks.py)."""
+    streamed, and never reaches the asgi_client (tests/test_readback_leaks.py)."""
     call = deep_read_call()
     text = {"type": "text", "text": "reading"}
     if stream:
         upstream.fail_next(200, messages_stream(block_events(0, text), block_events(1, call)), SSE)
     else:
         upstream.fail_next(200, dumps(message_obj([text, call])))
-    r = await post_messages(client, stream)
+    r = await post_messages(asgi_client, stream)
     assert r.status_code == 200, r.text
     assert len(upstream.requests) == 2
     assert b"toolu_read" not in r.content and b'"deep"' not in upstream.requests[1].body
@@ -306,7 +293,7 @@ async def test_messages_read_call_nested_300_levels_deep_is_no_500(client, upstr
         assert [b["type"] for b in r.json()["content"]] == ["text"]
 
 
-async def test_messages_event_type_with_a_line_break_cannot_forge_events(client, upstream):
+async def test_messages_event_type_with_a_line_break_cannot_forge_events(asgi_client, upstream):
     """Round one shows a text block, so round two's blocks are renumbered (rewritten by the proxy)."""
     call = {"type": "tool_use", "id": "toolu_read", "name": "context_read", "input": {"handle": "ctx_0"}}
     upstream.fail_next(200, messages_stream(block_events(0, {"type": "text", "text": "a"}), block_events(1, call)),
@@ -315,7 +302,7 @@ async def test_messages_event_type_with_a_line_break_cannot_forge_events(client,
     second = (named({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
               + named({"type": forged, "index": 0, "delta": {"type": "text_delta", "text": "b"}}))
     upstream.fail_next(200, messages_stream(second, stop="end_turn"), SSE)
-    r = await post_messages(client, stream=True)
+    r = await post_messages(asgi_client, stream=True)
     assert r.status_code == 200
     evs = events(r.content)
     assert all(d.get("type") != "forged" for _, d in evs), r.content
@@ -331,7 +318,7 @@ def chat_body() -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("tools", [True, False])
-async def test_chat_provider_error_chunk_ends_the_stream_with_no_second_error(client, upstream, tools):
+async def test_chat_provider_error_chunk_ends_the_stream_with_no_second_error(asgi_client, upstream, tools):
     error = {"error": {"message": "the model is overloaded", "type": "server_error", "code": None}}
     chunk = {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hal"}}]}
     upstream.fail_next(200, b"data: " + dumps(chunk) + b"\n\n" + b"data: " + json.dumps(error).encode() + b"\n\n",
@@ -339,7 +326,7 @@ async def test_chat_provider_error_chunk_ends_the_stream_with_no_second_error(cl
     body = chat_body()
     if not tools:
         del body["tools"]
-    r = await client.post("/v1/chat/completions", json=body, headers=OPENAI_AUTH)
+    r = await asgi_client.post("/v1/chat/completions", json=body, headers=OPENAI_AUTH)
     assert r.status_code == 200
     errors = [d for _, d in events(r.content) if "error" in d]
     assert errors == [error], r.content
@@ -360,31 +347,31 @@ def nested_list(depth: int) -> Any:
 
 
 @pytest.mark.parametrize("api", ["chat", "responses", "messages"])
-async def test_a_body_nested_past_the_safe_depth_is_a_400_not_a_crash(client, upstream, api):
+async def test_a_body_nested_past_the_safe_depth_is_a_400_not_a_crash(asgi_client, upstream, api):
     """Run in this very process: a heap corruption would abort the test run, not fail one test."""
     item = {"role": "user", "content": "go", "extra": crashing_siblings()}
     if api == "chat":
-        r = await client.post("/v1/chat/completions", json={"model": "m", "messages": [item]}, headers=OPENAI_AUTH)
+        r = await asgi_client.post("/v1/chat/completions", json={"model": "m", "messages": [item]}, headers=OPENAI_AUTH)
         assert r.status_code == 400 and "nested deeper than 200" in r.json()["error"]["message"], r.text
     elif api == "responses":
-        r = await client.post("/v1/responses", json={"model": "m", "input": [item]}, headers=OPENAI_AUTH)
+        r = await asgi_client.post("/v1/responses", json={"model": "m", "input": [item]}, headers=OPENAI_AUTH)
         assert r.status_code == 400 and "nested deeper than 200" in r.json()["error"]["message"], r.text
     else:
-        r = await client.post("/v1/messages", json={"model": "claude-sonnet-4-6", "max_tokens": 5,
+        r = await asgi_client.post("/v1/messages", json={"model": "claude-sonnet-4-6", "max_tokens": 5,
                                                     "messages": [item]}, headers=ANTHROPIC_AUTH)
         assert r.status_code == 400 and "nested deeper than 200" in r.json()["error"]["message"], r.text
     assert not upstream.requests
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_a_provider_answer_nested_past_the_safe_depth_is_never_written_back(client, upstream, stream):
+async def test_a_provider_answer_nested_past_the_safe_depth_is_never_written_back(asgi_client, upstream, stream):
     call = {"type": "tool_use", "id": "toolu_read", "name": "context_read",
             "input": {"handle": "ctx_0", "deep": crashing_siblings()}}
     if stream:
         upstream.fail_next(200, messages_stream(block_events(0, call)), SSE)
     else:
         upstream.fail_next(200, dumps(message_obj([call])))
-    r = await post_messages(client, stream)
+    r = await post_messages(asgi_client, stream)
     assert r.status_code == 200, r.text  # the call answered with an error; its input never written
     assert len(upstream.requests) == 2 and b"[[[[" not in upstream.requests[1].body
     assert b"toolu_read" not in r.content

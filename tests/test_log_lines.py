@@ -27,39 +27,8 @@ def test_each_line_is_stamped_with_its_own_second_and_millisecond():
 # --------------------------------------------------------------------------- the handler: direct and deferred lines
 
 import asyncio  # noqa: E402
-import io  # noqa: E402
-
-import pytest  # noqa: E402
 
 from proxy import logs  # noqa: E402
-
-
-class Writes(io.StringIO):
-    """A stream that remembers each write call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def write(self, s: str) -> int:
-        self.calls.append(s)
-        return super().write(s)
-
-
-@pytest.fixture
-def stream(monkeypatch):
-    """setup_logging's handler writing to a Writes; the loggers put back afterwards."""
-    names = (logs.LOGGER_NAME, "uvicorn", "uvicorn.error")
-    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level, logging.getLogger(n).propagate)
-             for n in names}
-    out = Writes()
-    monkeypatch.setattr(logs.sys, "stderr", out)
-    monkeypatch.setattr(logs, "_direct", None)
-    logs.setup_logging()
-    yield out
-    for n, (handlers, level, propagate) in saved.items():
-        lg = logging.getLogger(n)
-        lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
 
 
 def ours() -> None:
@@ -68,52 +37,52 @@ def ours() -> None:
     logs.log.handlers[:] = [logs._direct]
 
 
-def test_a_direct_line_is_the_line_logging_writes(stream, monkeypatch):
+def test_a_direct_line_is_the_line_logging_writes(log_stream, monkeypatch):
     ours()
     monkeypatch.setattr(logs.time, "time", lambda: 1_767_225_600.25)
     logs.event("store unavailable", logging.WARNING, store="sqlite:///x", n=3)  # direct
     record = logging.LogRecord("ctxproxy", logging.WARNING, __file__, 1, "store unavailable", None, None)
     record.created, record.msecs = 1_767_225_600.25, 250.0
     record.fields = {"store": "sqlite:///x", "n": 3}
-    assert stream.getvalue() == logs.log.handlers[0].format(record) + "\n"
-    assert json.loads(stream.getvalue()) == {"ts": "2026-01-01T00:00:00.250Z", "level": "warning",
+    assert log_stream.getvalue() == logs.log.handlers[0].format(record) + "\n"
+    assert json.loads(log_stream.getvalue()) == {"ts": "2026-01-01T00:00:00.250Z", "level": "warning",
                                              "msg": "store unavailable", "store": "sqlite:///x", "n": 3}
 
 
-async def test_request_lines_wait_for_the_next_line_or_the_delay(stream, monkeypatch):
+async def test_request_lines_wait_for_the_next_line_or_the_delay(log_stream, monkeypatch):
     ours()
     monkeypatch.setattr(logs, "FLUSH_DELAY", 0.05)
     logs.request_event({"request_id": "req_1"})
     logs.request_event({"request_id": "req_2"})
-    assert stream.getvalue() == ""  # held
+    assert log_stream.getvalue() == ""  # held
     await asyncio.sleep(0.2)
-    assert [json.loads(x)["request_id"] for x in stream.getvalue().splitlines()] == ["req_1", "req_2"]
-    assert len(stream.calls) == 1  # both in one write
+    assert [json.loads(x)["request_id"] for x in log_stream.getvalue().splitlines()] == ["req_1", "req_2"]
+    assert len(log_stream.calls) == 1  # both in one write
     logs.request_event({"request_id": "req_3"})
     logs.event("Shutting down")  # any other line is written at once, after the requests before it
-    lines = [json.loads(x) for x in stream.getvalue().splitlines()]
+    lines = [json.loads(x) for x in log_stream.getvalue().splitlines()]
     assert [x.get("request_id") or x["msg"] for x in lines] == ["req_1", "req_2", "req_3", "Shutting down"]
     logs.request_event({"request_id": "req_4"})
     logs.flush_logs()  # the lifespan's end
-    assert json.loads(stream.getvalue().splitlines()[-1])["request_id"] == "req_4"
+    assert json.loads(log_stream.getvalue().splitlines()[-1])["request_id"] == "req_4"
 
 
-async def test_no_write_is_longer_than_an_atomic_pipe_write(stream):
+async def test_no_write_is_longer_than_an_atomic_pipe_write(log_stream):
     ours()
     for i in range(100):
         logs.request_event({"request_id": f"req_{i}", "pad": "x" * 300})
     logs.flush_logs()
-    assert all(len(c) <= logs._ATOMIC for c in stream.calls) and len(stream.calls) > 1
-    assert [json.loads(x)["request_id"] for x in stream.getvalue().splitlines()] == [f"req_{i}" for i in range(100)]
+    assert all(len(c) <= logs._ATOMIC for c in log_stream.calls) and len(log_stream.calls) > 1
+    assert [json.loads(x)["request_id"] for x in log_stream.getvalue().splitlines()] == [f"req_{i}" for i in range(100)]
 
 
-def test_off_the_event_loop_a_request_line_is_written_at_once(stream):
+def test_off_the_event_loop_a_request_line_is_written_at_once(log_stream):
     ours()
     logs.request_event({"request_id": "req_sync"})  # no running loop: nothing would come back for it
-    assert json.loads(stream.getvalue())["request_id"] == "req_sync"
+    assert json.loads(log_stream.getvalue())["request_id"] == "req_sync"
 
 
-def test_a_handler_of_someone_else_gets_every_line_through_logging(stream):
+def test_a_handler_of_someone_else_gets_every_line_through_logging(log_stream):
     seen: list[logging.LogRecord] = []
 
     class Keep(logging.Handler):
@@ -129,4 +98,4 @@ def test_a_handler_of_someone_else_gets_every_line_through_logging(stream):
     finally:
         logs.log.removeHandler(keep)
     assert [(r.getMessage(), r.fields) for r in seen] == [("hello", {"n": 1}), ("request", {"request_id": "req_x"})]
-    assert [json.loads(x)["msg"] for x in stream.getvalue().splitlines()] == ["hello", "request"]
+    assert [json.loads(x)["msg"] for x in log_stream.getvalue().splitlines()] == ["hello", "request"]

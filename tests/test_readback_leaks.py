@@ -1,4 +1,4 @@
-"""The proxy's own `context_read` call never reaches the client, whatever shape the provider's answer takes.
+"""The proxy's own `context_read` call never reaches the asgi_client, whatever shape the provider's answer takes.
 
 Two leaks a hostile probe found, and their kin: a Responses stream whose
 `response.output_item.done` for the proxy's call carries `item: null` (the
@@ -17,13 +17,11 @@ provider is the tests' mock, scripted byte for byte with `fail_next`.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from mock_upstream import MockUpstream
-from proxy_server import make_settings
 from test_hostile_rounds import (
     OPENAI_AUTH,
     SSE,
@@ -46,14 +44,12 @@ from test_hostile_rounds import (
     shell_item,
 )
 
-from proxy.app import create_app
-
-OURS = "context_read"  # the proxy's tool: no call of it may reach the client
+OURS = "context_read"  # the proxy's tool: no call of it may reach the asgi_client
 IDS = (b"call_read", b"toolu_read", b"fc_1")  # the ids of the proxy's calls in the provider's answers
 
 
 def our_calls(raw: bytes) -> list[Any]:
-    """Every call of the proxy's tool in what the client got (a body, or each event of a stream), as Responses
+    """Every call of the proxy's tool in what the asgi_client got (a body, or each event of a stream), as Responses
     (a function_call item), Messages (a tool_use block) or Chat Completions (a tool call) spells it. A
     Responses answer echoes the request's `tools`, the proxy's definition among them: not a call."""
     if raw.lstrip().startswith(b"{"):
@@ -77,15 +73,6 @@ def our_calls(raw: bytes) -> list[Any]:
 def assert_no_call_of_ours(raw: bytes) -> None:
     assert not our_calls(raw), raw
     assert not any(i in raw for i in IDS), raw
-
-
-@pytest.fixture
-async def client(upstream: MockUpstream, tmp_path: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(make_settings(upstream.base_url, f"sqlite:///{tmp_path}/ctx.db"))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://proxy", timeout=30) as c:
-            yield c
 
 
 def assert_responses_stream_ends_completed(raw: bytes) -> list[tuple[str | None, dict[str, Any]]]:
@@ -127,11 +114,11 @@ ODD_ENDS: dict[str, tuple[dict[str, Any], ...]] = {
 
 
 @pytest.mark.parametrize("name", ODD_ENDS)
-async def test_responses_read_call_whose_item_is_odd_at_an_end_is_answered_not_shown(client, upstream, name):
-    """`response.completed` still lists the call: it is answered in a hidden round, and the client's stream
+async def test_responses_read_call_whose_item_is_odd_at_an_end_is_answered_not_shown(asgi_client, upstream, name):
+    """`response.completed` still lists the call: it is answered in a hidden round, and the asgi_client's stream
     is one valid stream with no trace of it (the proxy's call is never relayed once its events were hidden)."""
     upstream.fail_next(200, responses_stream(*ODD_ENDS[name], output=[read_item()]), SSE)
-    r = await post_responses(client, stream=True)
+    r = await post_responses(asgi_client, stream=True)
     assert r.status_code == 200
     assert_no_call_of_ours(r.content)
     evs = assert_responses_stream_ends_completed(r.content)
@@ -140,15 +127,15 @@ async def test_responses_read_call_whose_item_is_odd_at_an_end_is_answered_not_s
     assert [it["type"] for it in evs[-1][1]["response"]["output"]] == ["message"]  # the answer after the read
 
 
-async def test_responses_read_call_with_a_null_item_at_its_end_beside_a_client_call(client, upstream):
-    """No hidden round (the client has a call to run): the proxy's call is removed all the same."""
+async def test_responses_read_call_with_a_null_item_at_its_end_beside_a_client_call(asgi_client, upstream):
+    """No hidden round (the asgi_client has a call to run): the proxy's call is removed all the same."""
     read, shell = read_item(), shell_item()
     upstream.fail_next(200, responses_stream(
         ADDED, done(None),
         {"type": "response.output_item.added", "output_index": 1, "item": shell},
         {"type": "response.output_item.done", "output_index": 1, "item": shell},
         output=[read, shell]), SSE)
-    r = await post_responses(client, stream=True)
+    r = await post_responses(asgi_client, stream=True)
     assert_no_call_of_ours(r.content)
     evs = assert_responses_stream_ends_completed(r.content)
     assert len(upstream.requests) == 1
@@ -156,11 +143,11 @@ async def test_responses_read_call_with_a_null_item_at_its_end_beside_a_client_c
     assert [d["output_index"] for _, d in evs if "output_index" in d] == [0, 0]
 
 
-async def test_responses_hidden_round_still_refuses_a_null_item_at_the_end_of_a_read_call(client, upstream):
+async def test_responses_hidden_round_still_refuses_a_null_item_at_the_end_of_a_read_call(asgi_client, upstream):
     """In a hidden round nothing odd is passed on: one error event, as for any ill-formed hidden answer."""
     upstream.fail_next(200, responses_stream(ADDED, done(read_item()), output=[read_item()]), SSE)
     upstream.fail_next(200, responses_stream(ADDED, done(None), output=[read_item()]), SSE)
-    r = await post_responses(client, stream=True)
+    r = await post_responses(asgi_client, stream=True)
     assert_no_call_of_ours(r.content)
     assert events(r.content)[-1][1]["type"] == "error"
     assert len(upstream.requests) == 2
@@ -170,7 +157,7 @@ FORGED = 'response.output_text.delta\n\nevent: response.completed\ndata: {"type"
 
 
 @pytest.mark.parametrize("api", ["responses", "messages"])
-async def test_a_first_answer_unreadable_after_the_proxy_hid_its_call_ends_in_one_error(client, upstream, api):
+async def test_a_first_answer_unreadable_after_the_proxy_hid_its_call_ends_in_one_error(asgi_client, upstream, api):
     """Relayed as it came from there, the rest would show the call its events were hidden for (Responses'
     `response.completed` lists it; Messages' stop reason calls for it): one error in the API's shape instead.
     The unreadable event: a type holding a line break, which the proxy must rewrite (renumbered after the
@@ -180,7 +167,7 @@ async def test_a_first_answer_unreadable_after_the_proxy_hid_its_call_ends_in_on
         upstream.fail_next(200, responses_stream(
             ADDED, done(read_item()), {"type": FORGED, "output_index": 1, "item": message},
             output=[read_item(), message]), SSE)
-        r = await post_responses(client, stream=True)
+        r = await post_responses(asgi_client, stream=True)
         err = assert_responses_error_at_end(r.content)
         assert err["code"] == "upstream_bad_response"
     else:
@@ -189,7 +176,7 @@ async def test_a_first_answer_unreadable_after_the_proxy_hid_its_call_ends_in_on
             block_events(0, {**deep_read_call(), "input": {"handle": "ctx_0"}}),
             named({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}})
             + named({"type": forged, "index": 1, "delta": {"type": "text_delta", "text": "x"}})), SSE)
-        r = await post_messages(client, stream=True)
+        r = await post_messages(asgi_client, stream=True)
         evs = events(r.content)
         assert evs[-1][0] == "error" and [n for n, _ in evs].count("error") == 1, evs
     assert r.status_code == 200
@@ -249,12 +236,12 @@ def chat_first(stream: bool, where: str) -> bytes:
     return dumps(reply)
 
 
-async def post(client: httpx.AsyncClient, api: str, stream: bool) -> httpx.Response:
+async def post(asgi_client: httpx.AsyncClient, api: str, stream: bool) -> httpx.Response:
     if api == "responses":
-        return await post_responses(client, stream)
+        return await post_responses(asgi_client, stream)
     if api == "messages":
-        return await post_messages(client, stream)
-    return await client.post("/v1/chat/completions", json={**chat_body(), "stream": stream}, headers=OPENAI_AUTH)
+        return await post_messages(asgi_client, stream)
+    return await asgi_client.post("/v1/chat/completions", json={**chat_body(), "stream": stream}, headers=OPENAI_AUTH)
 
 
 FIRST = {"responses": responses_first, "messages": messages_first, "chat": chat_first}
@@ -262,10 +249,10 @@ FIRST = {"responses": responses_first, "messages": messages_first, "chat": chat_
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("api", ["responses", "messages", "chat"])
-async def test_a_read_call_beside_a_value_nested_300_deep_is_answered_not_shown(client, upstream, api, stream):
-    """Nothing of the proxy's call needs the deep value: the call is answered, the client gets the answer."""
+async def test_a_read_call_beside_a_value_nested_300_deep_is_answered_not_shown(asgi_client, upstream, api, stream):
+    """Nothing of the proxy's call needs the deep value: the call is answered, the asgi_client gets the answer."""
     upstream.fail_next(200, FIRST[api](stream, "beside"), SSE if stream else {})
-    r = await post(client, api, stream)
+    r = await post(asgi_client, api, stream)
     assert r.status_code == 200, r.text
     assert_no_call_of_ours(r.content)
     assert len(upstream.requests) == 2, r.content  # the call was answered
@@ -274,10 +261,10 @@ async def test_a_read_call_beside_a_value_nested_300_deep_is_answered_not_shown(
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("api", ["responses", "messages", "chat"])
-async def test_a_read_call_nested_300_deep_is_never_shown(client, upstream, api, stream):
+async def test_a_read_call_nested_300_deep_is_never_shown(asgi_client, upstream, api, stream):
     """The call itself holds the deep value: never relayed, never written by orjson; answered or removed."""
     upstream.fail_next(200, FIRST[api](stream, "inside"), SSE if stream else {})
-    r = await post(client, api, stream)
+    r = await post(asgi_client, api, stream)
     assert r.status_code == 200, r.text
     assert_no_call_of_ours(r.content)
     for rec in upstream.requests[1:]:
@@ -285,13 +272,13 @@ async def test_a_read_call_nested_300_deep_is_never_shown(client, upstream, api,
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_messages_read_call_nested_300_deep_is_answered_with_an_error_the_model_reads(client, upstream,
+async def test_messages_read_call_nested_300_deep_is_answered_with_an_error_the_model_reads(asgi_client, upstream,
                                                                                             stream):
     """As a read call whose streamed input is garbled: the model is told its arguments were unusable, in a
-    hidden round whose request carries the call with an empty input; the client gets the answer after it."""
+    hidden round whose request carries the call with an empty input; the asgi_client gets the answer after it."""
     upstream.script("read it properly now")
     upstream.fail_next(200, messages_first(stream, "inside"), SSE if stream else {})
-    r = await post_messages(client, stream)
+    r = await post_messages(asgi_client, stream)
     assert r.status_code == 200, r.text
     assert_no_call_of_ours(r.content)
     assert len(upstream.requests) == 2
@@ -311,16 +298,16 @@ async def test_messages_read_call_nested_300_deep_is_answered_with_an_error_the_
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_messages_read_call_beside_a_client_call_nested_300_deep(client, upstream, stream):
-    """No hidden round (the client has a call to run): the answer is the provider's, the proxy's call removed,
-    the client's deep input kept (written by the standard library, never by orjson)."""
+async def test_messages_read_call_beside_a_client_call_nested_300_deep(asgi_client, upstream, stream):
+    """No hidden round (the asgi_client has a call to run): the answer is the provider's, the proxy's call removed,
+    the asgi_client's deep input kept (written by the standard library, never by orjson)."""
     bash = {"type": "tool_use", "id": "toolu_bash", "name": "Bash", "input": {"cmd": "ls", "x": nested(300)}}
     read = {**deep_read_call(), "input": {"handle": "ctx_0"}}
     if stream:
         upstream.fail_next(200, messages_stream(block_events(0, read), block_events(1, bash)), SSE)
     else:
         upstream.fail_next(200, dumps(message_obj([read, bash])))
-    r = await post_messages(client, stream)
+    r = await post_messages(asgi_client, stream)
     assert r.status_code == 200, r.text
     assert_no_call_of_ours(r.content)
     assert len(upstream.requests) == 1
@@ -334,9 +321,9 @@ async def test_messages_read_call_beside_a_client_call_nested_300_deep(client, u
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_a_read_call_beside_siblings_orjson_cannot_write_is_never_written(client, upstream, stream):
+async def test_a_read_call_beside_siblings_orjson_cannot_write_is_never_written(asgi_client, upstream, stream):
     """Ten sibling lists nested 250 deep beside the call (orjson 3.13 corrupts its heap writing them, the
-    process aborts): the call is still removed, the siblings reach the client as the standard library
+    process aborts): the call is still removed, the siblings reach the asgi_client as the standard library
     writes them. Run in this very process."""
     bash = {"type": "tool_use", "id": "toolu_bash", "name": "Bash", "input": {"cmd": "ls", "x": crashing_siblings()}}
     read = {**deep_read_call(), "input": {"handle": "ctx_0"}}
@@ -344,23 +331,23 @@ async def test_a_read_call_beside_siblings_orjson_cannot_write_is_never_written(
         upstream.fail_next(200, messages_stream(block_events(0, read), block_events(1, bash)), SSE)
     else:
         upstream.fail_next(200, dumps(message_obj([read, bash])))
-    r = await post_messages(client, stream)
+    r = await post_messages(asgi_client, stream)
     assert r.status_code == 200, r.text
     assert_no_call_of_ours(r.content)
     if not stream:
         assert r.json()["content"] == [bash]
 
 
-async def test_messages_read_call_beside_a_block_nested_300_deep_is_removed(client, upstream):
+async def test_messages_read_call_beside_a_block_nested_300_deep_is_removed(asgi_client, upstream):
     """The deep block would go back in the next round's assistant turn, which cannot be written: the round
-    ends as the last one does, the proxy's call removed (the client's stream is one valid stream)."""
+    ends as the last one does, the proxy's call removed (the asgi_client's stream is one valid stream)."""
     deep_text = (named({"type": "content_block_start", "index": 0,
                         "content_block": {"type": "text", "text": "", "extra": nested(300)}})
                  + named({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}})
                  + named({"type": "content_block_stop", "index": 0}))
     read = {**deep_read_call(), "input": {"handle": "ctx_0"}}
     upstream.fail_next(200, messages_stream(deep_text, block_events(1, read)), SSE)
-    r = await post_messages(client, stream=True)
+    r = await post_messages(asgi_client, stream=True)
     assert r.status_code == 200
     assert_no_call_of_ours(r.content)
     evs = events(r.content)

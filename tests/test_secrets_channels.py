@@ -9,13 +9,11 @@ Every store URL form is fed passwords built from every printable ASCII character
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
 import string
 import sys
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -61,22 +59,6 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(redaction, "_secrets", set())
     monkeypatch.setattr(redaction, "_known", None)
     monkeypatch.setattr(redaction, "_suspect", redaction._HINTS)
-
-
-@pytest.fixture
-def stream(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
-    """setup_logging's handler, alone on ctxproxy's logger, writing to a StringIO; the loggers put back after."""
-    names = (logs.LOGGER_NAME, "uvicorn", "uvicorn.error")
-    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level, logging.getLogger(n).propagate)
-             for n in names}
-    out = io.StringIO()
-    monkeypatch.setattr(logs.sys, "stderr", out)
-    monkeypatch.setattr(logs, "_direct", None)
-    logs.setup_logging()
-    yield out
-    for n, (handlers, level, propagate) in saved.items():
-        lg = logging.getLogger(n)
-        lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
 
 
 # --------------------------------------------------------------------------- the functions
@@ -184,7 +166,7 @@ def test_check_offline_never_prints_the_store_password(pw, monkeypatch, capsys):
         assert code in (0, 2), (url, out.err)
 
 
-def test_check_offline_and_logs_never_show_an_injected_api_key(monkeypatch, capsys, tmp_path, stream):
+def test_check_offline_and_logs_never_show_an_injected_api_key(monkeypatch, capsys, tmp_path, log_stream):
     key = 'sk-ant-api03-{"^ key\\'
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps({"routes": [{"name": "r", "upstream": {"base_url": "https://api.anthropic.com/v1",
@@ -194,7 +176,7 @@ def test_check_offline_and_logs_never_show_an_injected_api_key(monkeypatch, caps
     out = capsys.readouterr()
     assert key not in out.out + out.err and "key from $MY_PROVIDER_KEY" in out.out
     logs.event("upstream refused", logging.WARNING, error=f"401: invalid x-api-key {key}")
-    line = stream.getvalue()
+    line = log_stream.getvalue()
     assert key not in line and json.dumps(key)[1:-1] not in line, line
 
 
@@ -244,7 +226,7 @@ class _Down:
 
 
 @pytest.mark.parametrize("pw", PASSWORDS, ids=range(len(PASSWORDS)))
-async def test_the_store_unavailable_warning_never_shows_the_password(pw, stream):
+async def test_the_store_unavailable_warning_never_shows_the_password(pw, log_stream):
     logs.log.handlers[:] = [logs._direct]
     for url in forms(pw):
         g = GuardedStore(_Down("connection refused"), timeout=0.5, name=url)  # type: ignore[arg-type]
@@ -256,7 +238,7 @@ async def test_the_store_unavailable_warning_never_shows_the_password(pw, stream
         register_url(url)
         g = GuardedStore(_Down(f"cannot connect to {url}"), timeout=0.5, name=url)  # type: ignore[arg-type]
         await g.ping()
-    text = stream.getvalue()
+    text = log_stream.getvalue()
     assert "store unavailable" in text
     assert not leaks(text, pw, pw[::-1], quote(pw, safe=""), json.dumps(pw)[1:-1], json.dumps(pw[::-1])[1:-1])
 
