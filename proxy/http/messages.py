@@ -19,7 +19,7 @@ from proxy.errors import ProxyError
 from proxy.http.handler import handle
 from proxy.http.relay import error_response, query_of, read_body, relay_response
 from proxy.http.request_run import RequestRun, context
-from proxy.http.send import traced_send
+from proxy.http.send import provider_call
 from proxy.rewrite.events import Degraded
 from proxy.rewrite.pipeline import shape
 from proxy.state import ProxyState, state_of
@@ -68,11 +68,8 @@ async def _count_tokens(st: ProxyState, request: Request, run: RequestRun) -> Re
             conv = await shape(st.pipelines[ctx.route.name], conv, ctx, "count")
         url = upstream_url(ctx.route.upstream, COUNT_PATH, query_of(request))
         payload = await loop_free.to_bytes(conv)
-        if run.trace.on:
-            resp = await traced_send(st, run.trace, "count_tokens", "POST", url, ctx.upstream_headers, payload,
-                                     ctx.route.upstream, ctx.model)
-        else:
-            resp = await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
+        resp = await provider_call(st, run.trace, "count_tokens", "POST", url, ctx.upstream_headers, payload,
+                                   ctx.route.upstream, ctx.model)
         content = await read_answer(resp, url)
     except ProxyError as err:
         run.finish({}, status=err.status, error=err.code)

@@ -18,7 +18,7 @@ from proxy.http.local_guard import INJECTS_KEY, require_proxy_host
 from proxy.http.relay import client_codec, error_response, query_of, read_body, relay_response, relay_stream
 from proxy.http.request_run import model_in, new_request_id
 from proxy.http.routing import resolve_route
-from proxy.http.send import traced_send
+from proxy.http.send import provider_call
 from proxy.logs import event
 from proxy.state import ProxyState, state_of
 from proxy.telemetry import NO_TRACE, RequestTrace
@@ -60,11 +60,8 @@ async def _passthrough(st: ProxyState, request: Request, trace: RequestTrace) ->
             require_proxy_host(request.headers, st.settings.server, INJECTS_KEY)
         url = upstream_url(route.upstream, request.path_params["path"], query_of(request))
         sent_headers = request_headers(request.headers.items(), route.upstream)
-        if trace.on:
-            resp = await traced_send(st, trace, "passthrough", request.method, url, sent_headers, body or None,
-                                     route.upstream, k.model)
-        else:
-            resp = await st.upstream.send(request.method, url, sent_headers, body or None, route.upstream)
+        resp = await provider_call(st, trace, "passthrough", request.method, url, sent_headers, body or None,
+                                   route.upstream, k.model)
     except ProxyError as err:
         k.error = err.code
         _logged(trace, err.status, err.code, log)

@@ -5,9 +5,9 @@ When the provider rejects the request as longer than the model's context
 the window it names is learned for the tenant, route and model, the client's
 request is rewritten again for that window, and sent once more.
 
-Traced (proxy/telemetry/), each call is a CLIENT span of its kind (the turn, the
-retry, a hidden read round; count_tokens' and pass-through calls use `traced_send`
-too) and carries that span's `traceparent`; off, the client's headers go as they came.
+Every provider call of a request goes through `provider_call`: traced (proxy/telemetry/),
+it is a CLIENT span of its kind (the turn, the retry, a hidden read round, count_tokens,
+a pass-through) and carries that span's `traceparent`; off, the headers go as they came.
 """
 
 from __future__ import annotations
@@ -62,11 +62,8 @@ async def send_upstream(st: ProxyState, request: Request, conv: Conversation, ct
 
     async def send(payload: bytes, kind: str = "turn") -> httpx.Response:
         nonlocal answered
-        if not run.trace.on:
-            resp = await st.upstream.send("POST", url, ctx.upstream_headers, payload, ctx.route.upstream)
-        else:
-            resp = await traced_send(st, run.trace, kind, "POST", url, ctx.upstream_headers, payload,
-                                     ctx.route.upstream, ctx.model)
+        resp = await provider_call(st, run.trace, kind, "POST", url, ctx.upstream_headers, payload,
+                                   ctx.route.upstream, ctx.model)
         answered = time.perf_counter()
         return resp
 
@@ -79,10 +76,10 @@ async def send_upstream(st: ProxyState, request: Request, conv: Conversation, ct
     else:
         resp, early = await while_answered(send(payload), lambda: meanwhile(first_conv, first_ctx))
     if resp.status_code == 400 and ctx.model:
-        retry = functools.partial(send, kind="retry") if run.trace.on else send
-        resp, conv, ctx = await _retry_if_overflow(st, resp, url, retry, conv, ctx, run)
-    return Sent(conv, ctx, resp, url, functools.partial(send, kind="read_round") if run.trace.on else send,
-                answered, early if conv is first_conv and ctx is first_ctx else None)
+        resp, conv, ctx = await _retry_if_overflow(st, resp, url, functools.partial(send, kind="retry"), conv, ctx,
+                                                   run)
+    return Sent(conv, ctx, resp, url, functools.partial(send, kind="read_round"), answered,
+                early if conv is first_conv and ctx is first_ctx else None)
 
 
 async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, send: Send, conv: Conversation,
@@ -107,9 +104,11 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, sen
     return await send(await loop_free.to_bytes(conv)), conv, ctx
 
 
-async def traced_send(st: ProxyState, trace: RequestTrace, kind: str, method: str, url: str, headers: Headers,
-                      payload: bytes | None, upstream: UpstreamSettings, model: str | None) -> httpx.Response:
-    """One provider call as a CLIENT span of the request (only called while tracing is on)."""
+async def provider_call(st: ProxyState, trace: RequestTrace, kind: str, method: str, url: str, headers: Headers,
+                        payload: bytes | None, upstream: UpstreamSettings, model: str | None) -> httpx.Response:
+    """One provider call of the request; while tracing is on, a CLIENT span of its `kind`."""
+    if not trace.on:
+        return await st.upstream.send(method, url, headers, payload, upstream)
     call = trace.upstream(kind, method, url, headers, model)
     try:
         resp = await st.upstream.send(method, url, call.headers, payload, upstream)
