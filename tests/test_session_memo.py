@@ -20,8 +20,8 @@ import pytest
 from proxy_server import InProcessProxy, make_settings
 
 import proxy.rewrite.status_bar.transform as status_module
-from proxy.prefix import common_prefix
 from proxy.request import Conversation
+from proxy.tokens.prefix import common_prefix
 from proxy.tokens.session_memo import SessionMemo, scalar_leaves
 from proxy.wire.chat.codec import CHAT
 

@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from proxy.accounting.prefix_check import PrefixTrace
-from proxy.prefix import common_prefix
 from proxy.request import Conversation
 from proxy.rewrite.events import Compacted, Degraded, Offloaded
 from proxy.rewrite.marks import PLACEHOLDER_MARK as _MARK
 from proxy.rewrite.marks import STATUS_OPEN, SUMMARY_OPEN, SYNTHETIC_RESULT
 from proxy.tokens.counter import default_counter
+from proxy.tokens.prefix import common_prefix
 from proxy.wire.codec import Codec, Item
 
 _HANDLE = re.compile(r'handle="(ctx_[0-9a-f]{20})"')

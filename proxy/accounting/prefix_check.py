@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.prefix import common_prefix
+from proxy.tokens.prefix import common_prefix
 
 # A break costs less than this many tokens (or share of the previous prompt): not worth a cause.
 MIN_LOST_TOKENS = 256

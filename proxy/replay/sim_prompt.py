@@ -12,9 +12,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.prefix import common_prefix
 from proxy.replay.trace_text import joined_text
 from proxy.tokens.encodings import get_encoding
+from proxy.tokens.prefix import common_prefix
 
 DEFAULT_WINDOW = 32_000
 ENCODING = "o200k_base"

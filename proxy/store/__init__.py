@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from proxy.redact import register_url
-
 from .base import Store, StoreError
 from .redis import RedisStore
 from .redis_url import SCHEMES
@@ -27,10 +25,8 @@ def open_store(url: str, timeout: float | None = None) -> Store:
     timeouts, SQLite's wait for a lock held by another process. None: the backend's default.
 
     Raises ``ValueError`` for an unsupported or malformed URL; the message names the
-    scheme, never the whole URL (a Redis URL may carry a password). Its password is
-    registered for redaction: a backend's error that quotes it is masked wherever printed.
+    scheme, never the whole URL (a Redis URL may carry a password).
     """
-    register_url(url)
     scheme, sep, _ = url.partition("://")
     scheme = scheme.lower() if sep else ""
     if scheme == "sqlite":

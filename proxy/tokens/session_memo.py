@@ -32,8 +32,8 @@ from itertools import compress
 from typing import Any, Protocol, TypeVar
 
 from proxy import offloop
-from proxy.prefix import common_prefix
 from proxy.tokens.message_facts import MessageFacts
+from proxy.tokens.prefix import common_prefix
 
 
 class Conversation(Protocol):

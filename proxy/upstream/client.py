@@ -45,7 +45,7 @@ HOP_BY_HOP = frozenset({
 _PROXY_HEADERS = frozenset({"x-ctx-route"})
 # Connection pool: one proxy worker serves many concurrent agent streams.
 MAX_CONNECTIONS = 1000
-MAX_KEEPALIVE = 200
+KEEPALIVE_EXPIRY = 5.0  # seconds an idle provider connection is kept (httpx's default)
 _WRITE_TIMEOUT = 60.0  # seconds to send a request body
 
 
@@ -167,7 +167,6 @@ class Upstream:
 
     def __init__(self, trust_env: bool = True) -> None:
         self.trust_env = trust_env
-        self.limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE)
         self.ssl_context = httpx.create_ssl_context(trust_env=trust_env)
         self._session: aiohttp.ClientSession | None = None
         self._transports: dict[tuple[str, str, int | None], AiohttpTransport] = {}  # per provider origin
@@ -176,7 +175,7 @@ class Upstream:
         """One aiohttp session (made on the running loop) for every origin and proxy: one pool, no cookie jar."""
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, ssl=self.ssl_context,
-                                             keepalive_timeout=self.limits.keepalive_expiry)
+                                             keepalive_timeout=KEEPALIVE_EXPIRY)
             self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
@@ -185,7 +184,9 @@ class Upstream:
         transport = self._transports.get(origin)
         if transport is None:
             proxy = _env_proxy(url) if self.trust_env else None
-            transport = self._transports[origin] = AiohttpTransport(limits=self.limits, proxy=proxy,
+            # the pool, its limits and TLS are the session's: the transport carries its origin's proxy (its own
+            # context, which it would build from the CA bundle otherwise, is the session's one)
+            transport = self._transports[origin] = AiohttpTransport(verify=self.ssl_context, proxy=proxy,
                                                                     client=self._session_of())
         return transport
 
