@@ -19,13 +19,10 @@ from proxy.config import ServerSettings, Settings, load_settings
 from proxy.errors import ProxyError
 from proxy.http import ctx_api
 from proxy.http.answers import CountEveryAnswer
-from proxy.http.chat import chat_completions
 from proxy.http.error_handlers import http_error, proxy_error, unexpected_error
 from proxy.http.local_guard import origin_refusal, refuse
-from proxy.http.messages import count_tokens, messages
-from proxy.http.passthrough import passthrough
-from proxy.http.responses import responses
 from proxy.http.responses_ws import responses_websocket
+from proxy.http.turns import count_tokens, passthrough, turns
 from proxy.logs import flush_logs
 from proxy.redact import register_settings
 from proxy.state import ProxyState, state_of
@@ -34,15 +31,12 @@ from proxy.store.guarded import GuardedStore
 from proxy.telemetry import setup as setup_tracing
 from proxy.tokens.encodings import SHIPPED_ENCODINGS, ensure_encodings, get_encoding
 from proxy.upstream.client import Upstream
+from proxy.wire.apis import APIS
 
 GC_YOUNG_THRESHOLD = 10_000  # allocations between two young-generation passes (CPython's default: 700)
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _NO_FRAMEWORK_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False,
                                              "operation_spans": False}
-
-
-TURNS = {"/v1/chat/completions": chat_completions, "/v1/responses": responses,
-         "/v1/messages": messages}  # the request path's APIs, routed as POST
 
 
 class _App(FastAPI):
@@ -112,15 +106,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.server = settings.server
 
     # The proxied paths are plain Starlette routes: they take the raw request, so FastAPI's per-request
-    # dependency and validation machinery would be pure overhead on the hot path. The turns (TURNS) come first:
-    # the router tries routes in order, and no other path starts with /v1/ or /r/, so the proxy's own endpoints
-    # after them answer exactly as before.
+    # dependency and validation machinery would be pure overhead on the hot path. The registry's APIs (APIS)
+    # come first: the router tries routes in order, and no other path starts with /v1/ or /r/, so the proxy's
+    # own endpoints after them answer exactly as before.
     for prefix in ("", "/r/{route}"):
-        for path, handler in TURNS.items():
-            app.add_route(prefix + path, handler, methods=["POST"])
+        for api in APIS:
+            app.add_route(prefix + api.path, turns(api.codec), methods=["POST"])
     for prefix in ("", "/r/{route}"):
-        app.add_route(prefix + "/v1/messages/count_tokens", count_tokens, methods=["POST"])
-        app.add_api_websocket_route(prefix + "/v1/responses", responses_websocket)
+        for api in APIS:
+            if api.count_path is not None:
+                app.add_route(prefix + api.count_path, count_tokens, methods=["POST"])
+            if api.websocket:
+                app.add_api_websocket_route(prefix + api.path, responses_websocket)
         app.add_route(prefix + "/v1/{path:path}", passthrough, methods=ALL_METHODS)
     app.add_api_route("/healthz", healthz, methods=["GET"])
     app.add_api_route("/readyz", readyz, methods=["GET"])

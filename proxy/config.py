@@ -31,6 +31,7 @@ from proxy.errors import ConfigError
 from proxy.rewrite.settings import SECTION_MODELS, Impossible
 from proxy.store.redis_url import SCHEMES as REDIS_SCHEMES
 from proxy.store.redis_url import parse_redis_url
+from proxy.wire.dialects import DIALECTS, dialect_of_host
 
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
@@ -77,14 +78,22 @@ class UpstreamSettings(_Strict):
     """Where a route forwards to, and with which credentials."""
 
     base_url: str = DEFAULT_UPSTREAM
-    # The API the upstream speaks: "openai" (Chat Completions, Responses) or "anthropic" (Messages). Null:
-    # inferred from the host (api.openai.com, api.anthropic.com), else both (a gateway such as LiteLLM).
-    api: Literal["openai", "anthropic"] | None = None
+    # The API the upstream speaks, a dialect's name (proxy/wire/dialects.py): "openai" (Chat Completions,
+    # Responses) or "anthropic" (Messages). Null: inferred from the host (api.openai.com, api.anthropic.com),
+    # else any (a gateway such as LiteLLM).
+    api: str | None = None
     # None: forward the client's Authorization header. Otherwise the name of an
     # environment variable holding the key the proxy injects instead.
     api_key_env: str | None = None
     connect_timeout: float = Field(default=10.0, gt=0)  # seconds to open a connection
     read_timeout: float = Field(default=600.0, gt=0)  # seconds between bytes; long generations
+
+    @field_validator("api")
+    @classmethod
+    def _known_api(cls, v: str | None) -> str | None:
+        if v is not None and v not in DIALECTS:
+            raise ValueError(f"must be one of {', '.join(DIALECTS)} (or null: inferred from base_url), got {v!r}")
+        return v
 
     @field_validator("base_url")
     @classmethod
@@ -110,22 +119,18 @@ class UpstreamSettings(_Strict):
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
-    def speaks(self) -> Literal["openai", "anthropic"] | None:
-        """The API this upstream takes; None: any (the request's path says which)."""
+    def speaks(self) -> str | None:
+        """The name of the dialect this upstream takes; None: any (the request's path says which)."""
         if self.api is not None:
             return self.api
         return _api_of_url(self.base_url)
 
 
 @functools.lru_cache(maxsize=256)  # a few configured upstreams, asked on every request (routing, headers)
-def _api_of_url(base_url: str) -> Literal["openai", "anthropic"] | None:
-    """The API a provider's own host speaks (a urlsplit per request, without the cache)."""
-    host = (urlsplit(base_url).hostname or "").lower()
-    if host == "anthropic.com" or host.endswith(".anthropic.com"):
-        return "anthropic"
-    if host == "openai.com" or host.endswith(".openai.com"):
-        return "openai"
-    return None
+def _api_of_url(base_url: str) -> str | None:
+    """The dialect a provider's own host speaks (a urlsplit per request, without the cache)."""
+    dialect = dialect_of_host(urlsplit(base_url).hostname or "")
+    return dialect.name if dialect is not None else None
 
 
 class ModelFacts(_Strict):

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from proxy_server import InProcessProxy, make_settings
 
-from proxy.http.routing import tenant_id
+from proxy.engine.routing import tenant_id
 from proxy.rewrite.compress import transform as compress
 from proxy.rewrite.compress.history import pairing_is_valid
 from proxy.rewrite.compress.record import CompactionLog

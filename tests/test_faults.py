@@ -34,7 +34,7 @@ from silent_server import SilentServer
 
 import proxy.store.guarded as guarded
 from proxy.accounting.counters import timeline_key
-from proxy.http.routing import tenant_id
+from proxy.engine.routing import tenant_id
 from proxy.store import open_store
 
 KEY = "sk-faults"

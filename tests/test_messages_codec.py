@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from proxy.config import build_settings
+from proxy.engine.routing import resolve_route
 from proxy.errors import BadRequest
-from proxy.http.routing import resolve_route
 from proxy.request import Conversation
 from proxy.upstream.windows import overflow_limit
 from proxy.wire.messages.codec import MESSAGES

@@ -371,7 +371,7 @@ def test_stream_ending_without_message_stop_is_reported(faulty, upstream, how, c
     keeps_serving(p, upstream)
 
 
-# The same cut on the other two APIs (the fix is shared: proxy/http/request_run.py stream_events).
+# The same cut on the other two APIs (the fix is shared: proxy/engine/run.py stream_events).
 CHAT_EVENT = (b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":'
               b'[{"index":0,"delta":{"content":"%s"},"finish_reason":null}]}\n\n')
 RESPONSES_EVENT = (b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'

@@ -25,7 +25,7 @@ from redis_topology import Cluster, SentinelSet, binaries_or_skip, client, runni
 from test_compress import assert_replicas_send_one_proxys_bytes
 
 import proxy.store.guarded as guarded
-from proxy.http.routing import tenant_id
+from proxy.engine.routing import tenant_id
 from proxy.store.keys import session_key, tenant_key
 from proxy.store.redis import RedisStore
 

@@ -590,7 +590,7 @@ def test_replay_a_chat_example_as_messages_requests():
 
 
 def test_the_replays_routes_keep_the_api_they_forward(tmp_path):
-    from proxy.http.routing import resolve_route
+    from proxy.engine.routing import resolve_route
     from proxy.replay.proxy_setup import proxy_settings
 
     sim = "http://127.0.0.1:1/v1"

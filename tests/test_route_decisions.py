@@ -120,7 +120,7 @@ def test_replicas_on_one_redis_agree_per_route(upstream):
 
 def _legacy_offload(store_url: str, key: str, text: str, placeholder: str, tokens: int) -> None:
     """What the code before per-route decisions recorded for an offloaded result: keyed by tenant and content."""
-    from proxy.http.routing import tenant_id
+    from proxy.engine.routing import tenant_id
     from proxy.store import open_store
     from proxy.store.archive import Archive, content_handle
 
@@ -185,7 +185,7 @@ def test_one_session_id_on_two_routes_gets_each_routes_own_compaction(upstream, 
 
 def test_a_compaction_recorded_before_routes_had_their_own_is_still_replayed(upstream, tmp_path):
     """A session compacted by the old code (its record keyed by session only) keeps its bytes after the upgrade."""
-    from proxy.http.routing import tenant_id
+    from proxy.engine.routing import tenant_id
     from proxy.store import open_store
 
     upstream.windows[MODEL] = WINDOW

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from proxy.config import build_settings
-from proxy.http.routing import session_id, tenant_id
+from proxy.engine.routing import session_id, tenant_id
 from proxy.request import Conversation
 from proxy.wire.chat.codec import CHAT
 

@@ -30,7 +30,7 @@ from test_serve import free_port
 
 from proxy.accounting.stats import stats
 from proxy.config import build_settings
-from proxy.http.routing import tenant_id
+from proxy.engine.routing import tenant_id
 from proxy.store.sqlite import SqliteStore
 
 # A socket per worker (proxy/http/worker_sockets.py): the kernel hashes each connection to one, so 32 split

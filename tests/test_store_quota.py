@@ -12,7 +12,7 @@ import orjson
 import pytest
 from proxy_server import InProcessProxy, make_settings
 
-from proxy.http.routing import tenant_id
+from proxy.engine.routing import tenant_id
 from proxy.store import open_store
 from proxy.store.archive import Archive
 

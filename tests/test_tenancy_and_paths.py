@@ -17,7 +17,7 @@ from test_compress import agent_run
 from test_offload import HANDLE, TOOLS, big_log, history, offload_config, sent_messages
 
 from proxy.config import ConfigError
-from proxy.http.routing import api_key_of, tenant_id
+from proxy.engine.routing import api_key_of, tenant_id
 from proxy.store import open_store
 from proxy.upstream.windows import LearnedWindows, overflow_limit
 

@@ -15,10 +15,11 @@ from urllib.parse import urlsplit
 
 from proxy.cli import probe
 from proxy.config import Route, Settings
+from proxy.engine.routing import resolve_route
 from proxy.errors import ProxyError
-from proxy.http.routing import resolve_route
 from proxy.redact import redact, redact_url
 from proxy.upstream.windows import BUILTIN_WINDOWS
+from proxy.wire.apis import APIS
 
 
 def _tokens(n: float) -> str:
@@ -78,9 +79,10 @@ def check(settings: Settings, offline: bool = False) -> int:
             print("  upstream: " + ("answers" if why is None else redact(f"UNREACHABLE ({why})")))
         for line in route_lines(settings, r):
             print(line)
-    for api, path in (("openai", "/v1/chat/completions, /v1/responses"), ("anthropic", "/v1/messages")):
+    for dialect in dict.fromkeys(a.codec.dialect for a in APIS):
+        api, path = dialect.name, ", ".join(a.path for a in APIS if a.codec.dialect is dialect)
         try:
-            taker = resolve_route(settings, None, {}, None, api).name  # type: ignore[arg-type]
+            taker = resolve_route(settings, None, {}, None, api).name
         except ProxyError:
             taker = None
         print(f"{path} without a route: " + (f"route {taker}" if taker else

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from proxy.engine.routing import api_key_of, require_proxy_host, tenant_id
 from proxy.errors import Unauthorized
-from proxy.http.local_guard import require_proxy_host
-from proxy.http.routing import api_key_of, tenant_id
 from proxy.state import state_of
 
 ADMIN_HEADER = "x-ctx-admin-token"

@@ -17,32 +17,18 @@ a request (no body is read or copied).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.engine.routing import api_key_of, named_session, resolve_route, tenant_id
+from proxy.engine.run import Known
 from proxy.errors import ProxyError
-from proxy.http.routing import api_key_of, named_session, resolve_route, tenant_id
 from proxy.state import ProxyState
 
 KNOWN = "ctxproxy.known"  # the scope key of a request's Known
 _OWN_PATHS = ("/healthz", "/readyz", "/metrics", "/ctx/", "/favicon.ico")  # the last: the dashboard's browser
 _ROUTE_PREFIX = "/r/"
-
-
-@dataclass
-class Known:
-    """What a handler learned of its request, for counting its answer."""
-
-    kind: str = "other"  # turn | count | passthrough | other (a path the proxy does not serve)
-    route: str | None = None
-    model: str | None = None
-    tenant: str | None = None
-    session: str | None = None
-    error: str | None = None  # the proxy's error code, when it refused
-    request_id: str | None = None
-    accounted: bool = False  # a ledger records this request: not counted here
 
 
 def known(scope: Scope) -> Known:

@@ -25,9 +25,9 @@ from proxy.accounting.counters import (
     timeline_key,
 )
 from proxy.accounting.stats import stats
+from proxy.engine.routing import api_key_of, tenant_id
 from proxy.errors import NotFound, StoreUnavailable, Unauthorized
 from proxy.http.admin import Scope, scope_of
-from proxy.http.routing import api_key_of, tenant_id
 from proxy.state import state_of
 from proxy.store import Store, StoreError
 from proxy.store.archive import Archive

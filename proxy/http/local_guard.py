@@ -20,53 +20,17 @@ an IP literal (a rebinding page always has a name of its own), `localhost`,
 
 from __future__ import annotations
 
-import ipaddress
-from collections.abc import Mapping
-from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from proxy.config import ServerSettings
+from proxy.engine.routing import Forbidden, names_proxy
 from proxy.errors import ProxyError
 from proxy.http.answers import Answer
 from proxy.http.error_handlers import proxy_error
 from proxy.logs import event
-
-INJECTS_KEY = "this route injects the operator's key"
-
-
-class Forbidden(ProxyError):
-    status = 403
-    type = "permission_error"
-    code = "forbidden"
-
-
-def _hostname(host: str) -> str:
-    """`Host`'s name, lower-cased, without its port, brackets or trailing dot."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    if host.count(":") == 1:
-        host = host.partition(":")[0]
-    return host.rstrip(".")
-
-
-def names_proxy(host: str | None, server: ServerSettings) -> bool:
-    """Whether a `Host` header names this proxy rather than some other name resolving to it (no header: HTTP/1.0,
-    which no browser sends)."""
-    if host is None:
-        return True
-    name = _hostname(host)
-    if name == "localhost" or name.endswith(".localhost") or name == server.host.lower():
-        return True
-    try:
-        ipaddress.ip_address(name)
-        return True
-    except ValueError:
-        pass
-    return any(fnmatchcase(name, pattern.lower()) for pattern in server.allowed_hosts)
 
 
 def origin_refusal(origin: str | None, host: str | None, server: ServerSettings) -> Forbidden | None:
@@ -85,15 +49,6 @@ def origin_refusal(origin: str | None, host: str | None, server: ServerSettings)
         return None
     return Forbidden(f"requests from the web origin {origin[:200]!r} are refused: a browser page may not drive "
                      "this proxy (list the origin in server.allowed_origins to allow it)", code="origin_not_allowed")
-
-
-def require_proxy_host(headers: Mapping[str, str], server: ServerSettings, why: str) -> None:
-    """Refuse a request trusted for where it comes from (`why` says for what) unless its `Host` names the proxy."""
-    host = headers.get("host")
-    if not names_proxy(host, server):
-        raise Forbidden(f"Host {(host or '')[:200]!r} does not name this proxy, and {why}: refused (a DNS-rebinding "
-                        "page would look like this); add the name to server.allowed_hosts if it is yours",
-                        code="host_not_allowed")
 
 
 async def refuse(err: ProxyError, scope: Scope, receive: Receive, send: Send) -> None:

@@ -12,9 +12,9 @@ from starlette.types import Receive, Scope, Send
 from proxy.config import ServerSettings
 from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, RequestTimeout
 from proxy.http.content_coding import IDENTITY, Decoder, decoder_for
+from proxy.wire.apis import codec_for
 from proxy.wire.chat.codec import CHAT
 from proxy.wire.codec import Codec
-from proxy.wire.messages.codec import MESSAGES
 
 JSON = "application/json"
 # Decoded bytes of a compressed body between two turns the loop gives the other requests.
@@ -81,10 +81,8 @@ def query_of(request: Request) -> str:
 
 
 def client_codec(request: Request) -> Codec:
-    """The API a request without a codec of its own speaks, for its errors: Anthropic's on /v1/messages or with
-    an `anthropic-version` header, else OpenAI's."""
-    path: str = request.scope["path"]
-    return MESSAGES if "/v1/messages" in path or "anthropic-version" in request.headers else CHAT
+    """The API a request without a codec of its own speaks, for its errors (proxy/wire/apis.py codec_for)."""
+    return codec_for(request.scope["path"], request.headers)
 
 
 def error_response(err: ProxyError, wire: Codec | None, headers: dict[str, str] | None = None) -> Response:

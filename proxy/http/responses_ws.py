@@ -201,7 +201,7 @@ class Socket:
 
     async def _turn(self, body: dict[str, Any], history_size: int, stream_id: str | None) -> None:
         outcome = Completion()
-        frames = run_turn(self.ws, self.headers, body, history_size, stream_id, outcome)
+        frames = run_turn(self.st, self.ws, self.headers, body, history_size, stream_id, outcome)
         try:
             async for frame in frames:
                 if self.gone.is_set():

@@ -1,9 +1,9 @@
-"""One `response.create` of a Responses WebSocket, run through the HTTP request path and turned into frames.
+"""One `response.create` of a Responses WebSocket, run by the turn engine and framed as WebSocket frames.
 
 The turn is the HTTP request it stands for: the socket's headers, the
 body (its history expanded, `stream: true`) as a POST to the same path, so
 route, session, pipeline, hidden read-back rounds and accounting are the
-HTTP path's own (proxy/http/handler.py). What comes back is relayed as
+HTTP turn's own (proxy/engine/turn.py). What comes back is relayed as
 text frames: each event's JSON as the provider (or the read-back loop)
 wrote it; an HTTP error as the WebSocket `error` event, whose `status`
 clients such as Codex read to decide what the error means.
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
 from starlette.websockets import WebSocket
 
 from proxy import errors, offloop
-from proxy.http.handler import handle
+from proxy.engine.run import Answer, Inbound
+from proxy.engine.turn import turn
+from proxy.state import ProxyState
 from proxy.wire import jsonio
 from proxy.wire.responses.codec import RESPONSES
 from proxy.wire.sse import event_payload, split_events
@@ -48,7 +48,7 @@ def _status_by_code() -> dict[str, int]:
 _STATUS = _status_by_code()
 
 
-def http_headers(ws: WebSocket) -> list[tuple[bytes, bytes]]:
+def http_headers(ws: WebSocket) -> list[tuple[str, str]]:
     """The socket's headers as those of one JSON POST: the client's credentials and identity kept, the
     socket's own dropped, and the WebSocket beta flag taken out of `openai-beta` (the provider gets HTTP)."""
     out = []
@@ -59,25 +59,8 @@ def http_headers(ws: WebSocket) -> list[tuple[bytes, bytes]]:
             v = b",".join(p for p in (x.strip() for x in v.split(b",")) if p and not p.startswith(_WS_BETA))
             if not v:
                 continue
-        out.append((k, v))
-    return out + [(b"content-type", b"application/json")]
-
-
-def http_request(ws: WebSocket, headers: list[tuple[bytes, bytes]], body: bytes) -> Request:
-    """The POST this turn stands for, on the socket's path (so `/r/{route}/v1/responses` keeps its route)."""
-    scope = {**ws.scope, "type": "http", "method": "POST", "http_version": "1.1",
-             "headers": [*headers, (b"content-length", str(len(body)).encode())], "ctxproxy.transport": "websocket"}
-    scope.pop("subprotocols", None)
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return Request(scope, receive)
+        out.append((k.decode("latin-1"), v.decode("latin-1")))
+    return [*out, ("content-type", "application/json")]
 
 
 @dataclass
@@ -105,25 +88,35 @@ def proxy_error(err: errors.ProxyError, stream_id: str | None = None) -> bytes:
                     stream_id=stream_id)
 
 
-async def run_turn(ws: WebSocket, headers: list[tuple[bytes, bytes]], body: dict[str, Any], size: int,
+async def run_turn(st: ProxyState, ws: WebSocket, headers: list[tuple[str, str]], body: dict[str, Any], size: int,
                    stream_id: str | None, outcome: Completion) -> AsyncGenerator[bytes, None]:
     """The turn's frames, in order; `outcome` says how it ended. `size`: the bytes of JSON `body` stands for (a big
     body is written off the event loop, as the HTTP path writes one)."""
     raw = jsonio.dumps(body) if offloop.body_is_light(size) else await offloop.run(jsonio.dumps, body)
-    resp = await handle(http_request(ws, headers, raw), RESPONSES)
-    if isinstance(resp, StreamingResponse):
-        async for frame in _stream_frames(resp, stream_id, outcome):
+
+    async def read() -> bytes:
+        return raw
+
+    raw_query: bytes = ws.scope.get("query_string", b"")
+    answer = await turn(st, Inbound("POST", ws.scope["path"], raw_query.decode("latin-1"), headers,
+                                    ws.path_params.get("route"), read, transport="websocket"), RESPONSES)
+    if answer.chunks is not None:
+        async for frame in _stream_frames(answer.chunks, stream_id, outcome):
             yield frame
         return
-    yield _whole_frame(resp, stream_id, outcome)
+    try:
+        yield _whole_frame(answer, stream_id, outcome)
+    finally:
+        if answer.then is not None:
+            answer.then()
 
 
-async def _stream_frames(resp: StreamingResponse, stream_id: str | None, outcome: Completion) -> AsyncIterator[bytes]:
+async def _stream_frames(chunks: AsyncIterator[bytes], stream_id: str | None,
+                         outcome: Completion) -> AsyncIterator[bytes]:
     buffer = bytearray()
-    chunks = resp.body_iterator
     try:
         async for chunk in chunks:
-            buffer += chunk if isinstance(chunk, bytes | bytearray) else str(chunk).encode()
+            buffer += chunk
             for ev in split_events(buffer):
                 payload = event_payload(ev)
                 if payload:
@@ -134,7 +127,7 @@ async def _stream_frames(resp: StreamingResponse, stream_id: str | None, outcome
             if payload:
                 yield _frame(payload, stream_id, outcome)
     finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
+        await chunks.aclose()  # type: ignore[attr-defined]  # the engine's relay: its ledger closed now
 
 
 def _frame(payload: bytes, stream_id: str | None, outcome: Completion) -> bytes:
@@ -166,18 +159,18 @@ def _frame(payload: bytes, stream_id: str | None, outcome: Completion) -> bytes:
     return jsonio.dumps(data)
 
 
-def _whole_frame(resp: Response, stream_id: str | None, outcome: Completion) -> bytes:
+def _whole_frame(answer: Answer, stream_id: str | None, outcome: Completion) -> bytes:
     """A turn answered whole: an error status as the `error` event; a whole response as `response.completed`."""
-    body = bytes(resp.body)
+    body = answer.content
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         data = None
-    if resp.status_code >= 400 or not isinstance(data, dict):
+    if answer.status >= 400 or not isinstance(data, dict):
         error = data.get("error") if isinstance(data, dict) else None
         if not isinstance(error, dict):
             error = {"type": "upstream_error", "code": None, "message": body.decode("utf-8", "replace")[:2000],
                      "param": None}
-        return ws_error(resp.status_code if resp.status_code >= 400 else 502, error, stream_id=stream_id)
+        return ws_error(answer.status if answer.status >= 400 else 502, error, stream_id=stream_id)
     event = jsonio.dumps({"type": "response.completed", "response": data, "sequence_number": 0})
     return _frame(event, stream_id, outcome)

@@ -57,9 +57,10 @@ def _dropped(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
     return HOP_BY_HOP | extra
 
 
-def request_headers(client_headers: Iterable[tuple[str, str]], upstream: UpstreamSettings,
+def request_headers(client_headers: Iterable[tuple[str, str]], key: tuple[str, str] | None,
                     *, identity_encoding: bool = False) -> list[tuple[str, str]]:
-    """The client's headers for the provider: hop-by-hop removed, key injected if configured.
+    """The client's headers for the provider: hop-by-hop removed, `key` (the operator's, in the header the
+    provider's dialect reads it from) in place of the client's credentials.
 
     `identity_encoding`: the proxy sends a body of its own (the client's, decoded, rewritten and serialized
     again) and reads the answer, so neither is compressed: the client's Content-Encoding is dropped (the
@@ -67,7 +68,6 @@ def request_headers(client_headers: Iterable[tuple[str, str]], upstream: Upstrea
     """
     items = list(client_headers)
     drop = _dropped(items) | _PROXY_HEADERS
-    key = upstream.api_key()
     if key:
         drop = drop | {"authorization", "api-key", "x-api-key"}
     if identity_encoding:
@@ -77,8 +77,8 @@ def request_headers(client_headers: Iterable[tuple[str, str]], upstream: Upstrea
         if not v.isascii():
             raise BadRequest(f"header {k!r} has non-ASCII characters; HTTP header values must be ASCII",
                              param=k, code="invalid_header")
-    if key:  # in the header the provider reads it from: Anthropic's x-api-key, everyone else's Authorization
-        out.append(("x-api-key", key) if upstream.speaks() == "anthropic" else ("authorization", f"Bearer {key}"))
+    if key:
+        out.append(key)
     if identity_encoding:
         out.append(("accept-encoding", "identity"))
     return out

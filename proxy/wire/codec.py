@@ -25,6 +25,7 @@ from proxy.wire.values import Item as Item
 
 if TYPE_CHECKING:
     from proxy.errors import ProxyError
+    from proxy.wire.dialects import Dialect
     from proxy.wire.read_shape import ReadShape
     from proxy.wire.usage import Usage
 
@@ -67,7 +68,7 @@ class Codec(Protocol):
     # is an item of its own, and a turn's calls (with reasoning between) come before their results (Responses).
     calls_grouped: ClassVar[bool]
     path: ClassVar[str]  # its endpoint below the upstream's base URL, e.g. "chat/completions"
-    family: ClassVar[Literal["openai", "anthropic"]]  # whose API it is: which upstreams take it, its error shape
+    dialect: ClassVar[Dialect]  # the provider side: which upstreams take it, how a key is sent (dialects.py)
     reads_cache_at_breakpoints: ClassVar[bool]  # the provider reads its cache only at cache_control marks
     routing_fields: ClassVar[bool]  # whether the API takes OpenAI's cache-routing fields (prompt_cache_key, ...)
 

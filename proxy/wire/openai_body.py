@@ -6,17 +6,18 @@ only what its API spells its own way.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import orjson
 
 from proxy.errors import ProxyError
 from proxy.wire.codec import Body
+from proxy.wire.dialects import OPENAI, Dialect
 from proxy.wire.usage import Usage, usage_of_body
 
 
 class OpenAIBody:
-    family: ClassVar[Literal["openai", "anthropic"]] = "openai"
+    dialect: ClassVar[Dialect] = OPENAI
     routing_fields: ClassVar[bool] = True
     reads_cache_at_breakpoints: ClassVar[bool] = False
 

@@ -48,6 +48,7 @@ from proxy.store.keys import session_key
 from proxy.tokens.counter import default_counter
 from proxy.tokens.session_memo import RequestMemo, without
 from proxy.wire.codec import Codec, Item
+from proxy.wire.dialects import ANTHROPIC
 
 _SESSIONS_CACHED = 1_000  # sessions whose recorded statuses are kept in process
 _ERRORS_CACHED = 20_000  # tool results whose error look is remembered, by digest
@@ -156,7 +157,7 @@ class StatusBar:
             # the client prefills the answer: a status after it would end the turn it asked the model to continue
             conv.events.append(StatusSkipped("the request ends with the assistant's own words"))
             return conv
-        if conv.messages and conv.wire.family == "anthropic" and conv.wire.role(conv.messages[-1]) == "system":
+        if conv.messages and conv.wire.dialect is ANTHROPIC and conv.wire.role(conv.messages[-1]) == "system":
             # a mid-conversation system message ends the request: the API takes it last or before the answer
             conv.events.append(StatusSkipped("the request ends with a system message"))
             return conv

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 from proxy.errors import ProxyError
 from proxy.wire import jsonio
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, ToolCall, ToolSpec, mark_ttl
+from proxy.wire.dialects import ANTHROPIC, Dialect
 from proxy.wire.messages.items import ORIGINS, is_block, join, split
 from proxy.wire.messages.read_shape import MessagesReadShape
 from proxy.wire.messages.stream import watch
@@ -53,7 +54,7 @@ class Messages(OpenAIBody):
     api: ClassVar[str] = "messages"
     path: ClassVar[str] = "messages"
     calls_grouped: ClassVar[bool] = True
-    family: ClassVar[Literal["openai", "anthropic"]] = "anthropic"
+    dialect: ClassVar[Dialect] = ANTHROPIC
     reads_cache_at_breakpoints: ClassVar[bool] = True
     routing_fields: ClassVar[bool] = False  # no prompt_cache_key: the API refuses fields it does not know
 
@@ -246,3 +247,21 @@ class Messages(OpenAIBody):
 
 
 MESSAGES = Messages()
+
+
+COUNT_PATH = "messages/count_tokens"
+
+
+class _Counting(Messages):
+    """count_tokens' codec: its body has no max_tokens, and every parse of it says so.
+
+    Not only the first: a transform that fails, or a store that is down, has the
+    pipeline parse the client's bytes again to forward them unmodified
+    (proxy/rewrite/degrade.py), and that parse must not ask for max_tokens.
+    """
+
+    def parse(self, raw: bytes) -> Body:
+        return self.parse_as(raw, need_max_tokens=False)
+
+
+COUNTING = _Counting()

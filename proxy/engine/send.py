@@ -12,22 +12,22 @@ a pass-through) and carries that span's `traceparent`; off, the headers go as th
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import httpx
-from starlette.requests import Request
 
 from proxy import loop_free
 from proxy.accounting.figures import carry_events
 from proxy.accounting.ledger import Ledger
 from proxy.config import UpstreamSettings
-from proxy.http.overlap import while_answered
-from proxy.http.relay import query_of
-from proxy.http.request_run import RequestRun
+from proxy.engine.run import RequestRun
 from proxy.logs import event
 from proxy.request import Conversation, RequestContext
 from proxy.rewrite.context_read.loop import Send
@@ -38,6 +38,8 @@ from proxy.upstream.client import read_answer, upstream_url
 from proxy.upstream.windows import overflow_limit
 
 Meanwhile = Callable[[Conversation, RequestContext], Awaitable[Ledger]]
+R = TypeVar("R")
+W = TypeVar("W")
 
 
 @dataclass
@@ -53,11 +55,11 @@ class Sent:
     early: Ledger | None = None  # `meanwhile`'s ledger, when it measured the request that got this response
 
 
-async def send_upstream(st: ProxyState, request: Request, conv: Conversation, ctx: RequestContext,
+async def send_upstream(st: ProxyState, query: str, conv: Conversation, ctx: RequestContext,
                         run: RequestRun, meanwhile: Meanwhile | None = None) -> Sent:
-    """The request sent, and `meanwhile(conv, ctx)` done while the provider answers (proxy/http/overlap.py);
+    """The request sent, and `meanwhile(conv, ctx)` done while the provider answers (`while_answered`);
     its ledger is dropped when an overflow retry sends another request."""
-    url = upstream_url(ctx.route.upstream, conv.wire.path, query_of(request))
+    url = upstream_url(ctx.route.upstream, conv.wire.path, query)
     answered = 0.0
 
     async def send(payload: bytes, kind: str = "turn") -> httpx.Response:
@@ -116,3 +118,28 @@ async def provider_call(st: ProxyState, trace: RequestTrace, kind: str, method: 
         call.failed(exc)
         raise
     return call.answered(resp)
+
+
+# Work done while the provider is answering: the proxy's CPU time overlaps the provider's, not adds to it.
+# Once a request is on the wire the handler only waits for the answer's headers. What it does next with the
+# request as sent (measuring it for the ledger, remembering it for the session's next turn) depends on the
+# request alone, so it is done in that wait: for a 150k-token conversation the measure takes milliseconds
+# that the provider spends anyway reading the body.
+SEND_TURNS = 1  # loop turns given to the send before the work starts: it takes a connection and starts writing
+
+
+async def while_answered(answer: Coroutine[Any, Any, R], work: Callable[[], Awaitable[W]]) -> tuple[R, W]:
+    """`answer` (a request to the provider) and `work` done meanwhile; both results, the answer's errors first.
+
+    When `work` fails the request is cancelled (nothing waits for it any more)."""
+    task = asyncio.ensure_future(answer)
+    try:
+        for _ in range(SEND_TURNS):
+            await asyncio.sleep(0)
+        done = await work()
+    except BaseException:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise
+    return await task, done

@@ -1,7 +1,9 @@
 """The steps of the request path that are not the pipeline: parsing, route/session, the request's log line.
 
-`RequestRun` carries what every step adds to (its id, its clock, the headers
-the client gets, the fields of its one log line) and ends the request exactly
+`Inbound` is a request as any transport hands it over (an HTTP request, one
+turn of a WebSocket), `Answer` what the engine gives back for it to frame: the
+engine never sees Starlette. `RequestRun` carries what every step adds to (its
+id, its clock, the headers the client gets, the fields of its one log line) and ends the request exactly
 once: `finish` writes the log line, `failed` turns a ProxyError into the
 client's error response (accounting a request that reached the upstream).
 """
@@ -10,21 +12,24 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response
 
 from proxy import loop_free
 from proxy.accounting.ledger import Outcome
 from proxy.accounting.own_calls import RequestOwnCalls
-from proxy.errors import ProxyError, UpstreamUnreachable
-from proxy.http.answers import Known, known
-from proxy.http.local_guard import INJECTS_KEY, require_proxy_host
-from proxy.http.relay import error_response, read_body
-from proxy.http.routing import api_key_of, resolve_route, session_id, tenant_id
+from proxy.engine.routing import (
+    INJECTS_KEY,
+    api_key_of,
+    injected_key,
+    require_proxy_host,
+    resolve_route,
+    session_id,
+    tenant_id,
+)
+from proxy.errors import ProxyError, RequestTimeout, UpstreamUnreachable
 from proxy.logs import log as logger
 from proxy.logs import request_event
 from proxy.request import Conversation, RequestContext
@@ -45,28 +50,80 @@ def new_request_id() -> str:
 
 
 @dataclass
+class Known:
+    """What the engine learned of a request, for counting its answer where no ledger does (proxy/http/answers.py)."""
+
+    kind: str = "other"  # turn | count | passthrough | other (a path the proxy does not serve)
+    route: str | None = None
+    model: str | None = None
+    tenant: str | None = None
+    session: str | None = None
+    error: str | None = None  # the proxy's error code, when it refused
+    request_id: str | None = None
+    accounted: bool = False  # a ledger records this request: not counted here
+
+
+@dataclass
+class Inbound:
+    """A request as a transport hands it to the engine: where it was sent, its headers (lower-case names, in order),
+    the route its path names, and how to read its body (bounded, decoded: the transport's business)."""
+
+    method: str
+    path: str
+    query: str
+    headers: list[tuple[str, str]]
+    route: str | None
+    read: Callable[[], Awaitable[bytes]]
+    transport: str = "http"  # or "websocket": one turn of a socket
+    known: Known = field(default_factory=Known)
+
+
+@dataclass
+class Answer:
+    """What the engine answers, for a transport to frame: a status, the provider's headers (raw, as
+    proxy/upstream/client.py response_headers gives them) and the proxy's own, then either the whole body
+    (`then`: called once it is sent, however that went) or its events as they arrive (`chunks`: whole SSE events)."""
+
+    status: int
+    upstream_headers: list[tuple[bytes, bytes]]
+    headers: dict[str, str]
+    content: bytes = b""
+    chunks: AsyncIterator[bytes] | None = None
+    then: Callable[[], None] | None = None
+    error: ProxyError | None = None  # the proxy's own refusal: `content` is it in the client's API shape
+
+
+def refusal(err: ProxyError, wire: Codec, headers: dict[str, str] | None = None) -> Answer:
+    """The proxy's own error as an answer, in the shape of the API the client speaks."""
+    own = dict(headers or {})
+    if isinstance(err, RequestTimeout):  # the rest of the request may still trickle in: not worth reading
+        own["connection"] = "close"
+    return Answer(err.status, [(b"content-type", b"application/json")], own, wire.error_body(err), error=err)
+
+
+@dataclass
 class RequestRun:
     request_id: str
     t0: float
     log: dict[str, object]
     headers: dict[str, str]
+    wire: Codec  # the client's API: its errors take that shape
     t_sent: float = 0.0  # when the rewritten request went upstream (0: it never did)
     ctx: RequestContext | None = None
     conv: Conversation | None = field(default=None, repr=False)
-    wire: Codec | None = None  # the client's API: its errors take that shape
     known: Known = field(default_factory=Known)  # what counts the answer when no ledger does (proxy/http/answers.py)
     trace: RequestTrace = NO_TRACE  # its spans (proxy/telemetry/), ended with its log line
 
     @classmethod
-    def start(cls, request: Request, wire: Codec, kind: str = "turn") -> RequestRun:
+    def start(cls, inbound: Inbound, wire: Codec, kind: str = "turn") -> RequestRun:
         """`kind`: turn, or count (count_tokens: rewritten as a turn would be, never a turn itself)."""
         rid = new_request_id()
-        log: dict[str, object] = {"request_id": rid, "path": request.scope["path"]}
-        if "ctxproxy.transport" in request.scope:  # a turn of a WebSocket (proxy/http/ws_turn.py)
-            log["transport"] = request.scope["ctxproxy.transport"]
-        k = known(request.scope)
+        log: dict[str, object] = {"request_id": rid, "path": inbound.path}
+        if inbound.transport != "http":  # a turn of a WebSocket (proxy/http/ws_turn.py)
+            log["transport"] = inbound.transport
+        k = inbound.known
         k.kind, k.request_id = kind, rid
-        return cls(rid, time.perf_counter(), log, {"x-ctxproxy-request-id": rid}, wire=wire, known=k)
+        return cls(rid, time.perf_counter(), log, {"x-ctxproxy-request-id": rid}, wire, known=k)
 
     def finish(self, fields: dict[str, object], **more: object) -> None:
         """The request's one log line."""
@@ -81,7 +138,7 @@ class RequestRun:
             status, error = more.get("status"), more.get("error")
             self.trace.end(status if isinstance(status, int) else None, error if isinstance(error, str) else None)
 
-    async def failed(self, st: ProxyState, err: ProxyError) -> Response:
+    async def failed(self, st: ProxyState, err: ProxyError) -> Answer:
         """The client's error; a request that reached the upstream step is accounted as one failed request."""
         fields: dict[str, object] = {}
         if self.ctx is not None and self.conv is not None and self.t_sent:
@@ -92,13 +149,13 @@ class RequestRun:
                 self.trace.opened(ledger)
             fields = ledger.close(err.status, err.code)
         self.finish(fields, status=err.status, error=err.code)
-        return error_response(err, self.wire, self.headers)
+        return refusal(err, self.wire, self.headers)
 
 
-async def parse(st: ProxyState, request: Request, wire: Codec, run: RequestRun) -> Conversation:
+async def parse(inbound: Inbound, wire: Codec, run: RequestRun) -> Conversation:
     """The body, bounded and checked, as the API-neutral conversation (a 4xx for anything malformed).
     A body refused for its content, not for being unreadable JSON, is still counted under its model."""
-    raw = await read_body(request, st.settings.server)
+    raw = await inbound.read()
     try:
         return await loop_free.parse(raw, wire)
     except ProxyError as err:
@@ -117,12 +174,12 @@ def model_in(raw: bytes) -> str | None:
     return model if isinstance(model, str) else None
 
 
-async def context(st: ProxyState, request: Request, conv: Conversation, run: RequestRun) -> RequestContext:
+async def context(st: ProxyState, inbound: Inbound, conv: Conversation, run: RequestRun) -> RequestContext:
     """Route, tenant, session and window; then the rest of parsing (only items new to the session)."""
     k = run.known
     k.model = conv.model
     try:
-        ctx = await _context(st, request, conv, run.request_id, run.trace)
+        ctx = await _context(st, inbound, conv, run.request_id, run.trace)
     except Exception:
         await loop_free.check(conv)  # a bad body is reported first, as it always has been
         raise
@@ -136,14 +193,13 @@ async def context(st: ProxyState, request: Request, conv: Conversation, run: Req
     return ctx
 
 
-async def _context(st: ProxyState, request: Request, conv: Conversation, request_id: str,
+async def _context(st: ProxyState, inbound: Inbound, conv: Conversation, request_id: str,
                    trace: RequestTrace) -> RequestContext:
-    """The headers are read into a dict once (the first value of a repeated name, as Headers.get gives): each
-    lookup on Starlette's Headers walks and compares its whole raw list, and this makes a handful."""
+    """The headers are read into a dict once (the first value of a repeated name wins)."""
     model = conv.model
-    items = request.headers.items()
+    items = inbound.headers
     headers = dict(reversed(items))
-    route = resolve_route(st.settings, request.path_params.get("route"), headers, model, conv.wire.family)
+    route = resolve_route(st.settings, inbound.route, headers, model, conv.wire.dialect.name)
     if route.upstream.api_key_env:
         require_proxy_host(headers, st.settings.server, INJECTS_KEY)
     tenant = tenant_id(api_key_of(headers), st.settings.tenant_salt)
@@ -154,7 +210,7 @@ async def _context(st: ProxyState, request: Request, conv: Conversation, request
                           stream=conv.wire.is_stream(conv.body), store=st.store,
                           archive_quota=st.settings.store_quota_bytes,
                           window=min(window, learned or window), upstream=st.upstream,
-                          upstream_headers=request_headers(items, route.upstream, identity_encoding=True),
+                          upstream_headers=request_headers(items, injected_key(route), identity_encoding=True),
                           own_calls=RequestOwnCalls(st.accounting.own_call), trace=trace,
                           shared=st.accounting.shared)
 

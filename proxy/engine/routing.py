@@ -4,6 +4,9 @@ The tenant is a keyed hash of the client's API key, never the key itself; every
 stored thing is namespaced by it. The session id is the client's
 `X-Session-Id`, else derived from what every turn of one agent run re-sends
 unchanged: tenant, route, system message(s) and the first user message.
+
+A request trusted for where it comes from (a route that injects the operator's
+key) must name the proxy in its `Host` (proxy/http/local_guard.py says why).
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import ipaddress
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
-from typing import Literal
 
-from proxy.config import DEFAULT_ROUTE, Route, Settings
-from proxy.errors import BadRequest, NotFound
+from proxy.config import DEFAULT_ROUTE, Route, ServerSettings, Settings
+from proxy.errors import BadRequest, NotFound, ProxyError
 from proxy.request import Conversation
+from proxy.wire.dialects import DIALECTS, OPENAI
 
 ROUTE_HEADER = "x-ctx-route"
 SESSION_HEADER = "x-session-id"
@@ -26,7 +30,16 @@ _ANONYMOUS = "anonymous"
 _MAX_SESSION_ID = 200  # characters of a client-given session id
 
 
-API = Literal["openai", "anthropic"]
+API = str  # a dialect's name (proxy/wire/dialects.py)
+
+
+def injected_key(route: Route) -> tuple[str, str] | None:
+    """The operator's key for the route's upstream (`api_key_env`), in the header its dialect reads it from
+    (OpenAI's Authorization when the upstream may speak any)."""
+    key = route.upstream.api_key()
+    if not key:
+        return None
+    return DIALECTS[route.upstream.speaks() or OPENAI.name].key(key)
 
 
 def _takes(route: Route, api: API | None) -> bool:
@@ -68,7 +81,7 @@ def resolve_route(settings: Settings, path_route: str | None, headers: Mapping[s
 
 
 def _wrong_api(settings: Settings, route: Route, api: API | None) -> BadRequest:
-    names = {"openai": "the OpenAI API", "anthropic": "the Anthropic Messages API"}
+    names = {d.name: d.title for d in DIALECTS.values()}
     speaks = route.upstream.speaks() or ""
     takers = [r.name for r in settings.routes if _takes(r, api)]
     hint = (f"use route {takers[0]!r} (/r/{takers[0]}/v1)" if takers
@@ -151,3 +164,47 @@ def session_id(headers: Mapping[str, str], tenant: str, route: Route, conv: Conv
             h.update(conv.digest(m))
             break
     return "s-" + h.hexdigest()
+
+
+INJECTS_KEY = "this route injects the operator's key"
+
+
+class Forbidden(ProxyError):
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
+def _hostname(host: str) -> str:
+    """`Host`'s name, lower-cased, without its port, brackets or trailing dot."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    if host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host.rstrip(".")
+
+
+def names_proxy(host: str | None, server: ServerSettings) -> bool:
+    """Whether a `Host` header names this proxy rather than some other name resolving to it (no header: HTTP/1.0,
+    which no browser sends)."""
+    if host is None:
+        return True
+    name = _hostname(host)
+    if name == "localhost" or name.endswith(".localhost") or name == server.host.lower():
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    return any(fnmatchcase(name, pattern.lower()) for pattern in server.allowed_hosts)
+
+
+def require_proxy_host(headers: Mapping[str, str], server: ServerSettings, why: str) -> None:
+    """Refuse a request trusted for where it comes from (`why` says for what) unless its `Host` names the proxy."""
+    host = headers.get("host")
+    if not names_proxy(host, server):
+        raise Forbidden(f"Host {(host or '')[:200]!r} does not name this proxy, and {why}: refused (a DNS-rebinding "
+                        "page would look like this); add the name to server.allowed_hosts if it is yours",
+                        code="host_not_allowed")
