@@ -167,7 +167,7 @@ class ServerSettings(_Strict):
     websocket_history_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     # Bytes of frames a socket queues behind its running turn; past them it is not read until the turn ends.
     websocket_queue_bytes: int = Field(default=DEFAULT_WEBSOCKET_QUEUE_BYTES, gt=0)
-    # Processes serving the one listening socket (proxy/http/workers.py); the limits above are per worker.
+    # Processes serving the one listening socket (proxy/cli/workers.py); the limits above are per worker.
     workers: int = Field(default=1, ge=1)
     # Browsers (proxy/http/local_guard.py): web origins whose pages may call the proxy (none: agents, SDKs and curl
     # send no Origin; "*": any), and names besides loopback, IP literals and `host` that name the proxy in `Host`

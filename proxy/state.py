@@ -12,7 +12,7 @@ from proxy.config import Settings
 from proxy.rewrite.compress.transform import Compress
 from proxy.rewrite.pipeline import Transform, build_pipeline
 from proxy.store import Store
-from proxy.telemetry import OFF, Tracing
+from proxy.telemetry.base import OFF, Tracing
 from proxy.tokens.encodings import configure_model_encodings
 from proxy.tokens.session_memo import SessionMemo
 from proxy.upstream.client import Upstream

@@ -33,7 +33,7 @@ from proxy.config import build_settings
 from proxy.engine.routing import tenant_id
 from proxy.store.sqlite import SqliteStore
 
-# A socket per worker (proxy/http/worker_sockets.py): the kernel hashes each connection to one, so 32 split
+# A socket per worker (proxy/cli/worker_sockets.py): the kernel hashes each connection to one, so 32 split
 # about evenly; fewer than 4 on a worker has a chance of 3 in a million (on one shared socket, whichever
 # worker is awake takes them: often all of them).
 SPLIT_CONNECTIONS, SPLIT_AT_LEAST = 32, 4

@@ -2,7 +2,7 @@
 
 Question: what does a second worker process buy? One ctxproxy process runs
 one event loop, so it uses at most one core; `serve --workers 2` runs two
-behind the same port, sharing the store (proxy/http/workers.py).
+behind the same port, sharing the store (proxy/cli/workers.py).
 
 Set-up, in one run: a mock provider that costs next to nothing
 (bench/workers/mock.py: the same answer to every request; ``tests/mock_upstream.py``

@@ -41,9 +41,9 @@ from proxy.accounting.prefix_check import UNMEASURED, PrefixCheck, PrefixTrace, 
 from proxy.accounting.previous import Previous
 from proxy.logs import event, log
 from proxy.request import Conversation, RequestContext
+from proxy.request.events import CompactionInEffect, HistoryElsewhere
 from proxy.rewrite.compress.history import system_end
 from proxy.rewrite.context_read.rate import HandleCounts, ReadBack, read_back
-from proxy.rewrite.events import CompactionInEffect, HistoryElsewhere
 from proxy.store import Store, StoreError
 from proxy.store.base import Writes
 from proxy.tokens.counter import message_digest

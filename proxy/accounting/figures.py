@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from proxy.accounting.prefix_check import PrefixTrace
 from proxy.request import Conversation
-from proxy.rewrite.events import Compacted, Degraded, Offloaded
+from proxy.request.events import Compacted, Degraded, Offloaded
 from proxy.rewrite.marks import PLACEHOLDER_MARK as _MARK
 from proxy.rewrite.marks import STATUS_OPEN, SUMMARY_OPEN, SYNTHETIC_RESULT
 from proxy.tokens.counter import default_counter

@@ -1,6 +1,6 @@
 """Prometheus metrics, per instance (Prometheus adds replicas up). Labelled by route and model, never session.
 
-An instance of several worker processes (`serve --workers N`, proxy/http/workers.py) is one scrape
+An instance of several worker processes (`serve --workers N`, proxy/cli/workers.py) is one scrape
 target behind one port, so whichever worker answers the scrape adds up every worker's figures:
 prometheus_client's multiprocess mode, each worker's values in files of the directory
 `PROMETHEUS_MULTIPROC_DIR` names (set by the parent before any worker starts).

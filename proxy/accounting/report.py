@@ -13,7 +13,7 @@ from __future__ import annotations
 from proxy.accounting.figures import Figures
 from proxy.accounting.prefix_check import PrefixCheck
 from proxy.request import Conversation
-from proxy.rewrite.events import (
+from proxy.request.events import (
     ClientCompacts,
     CompactionInEffect,
     Degraded,

@@ -81,7 +81,7 @@ def _serve(settings: Settings) -> None:
                "timeout_graceful_shutdown": 30, "server_header": False, "date_header": False,
                **uvicorn_options(server)}
     if server.workers > 1:
-        from proxy.http.workers import serve_workers
+        from proxy.cli.workers import serve_workers
 
         serve_workers(settings, options)
     else:

@@ -16,7 +16,7 @@ from proxy.engine.send import provider_call
 from proxy.errors import ProxyError
 from proxy.logs import event
 from proxy.state import ProxyState
-from proxy.telemetry import NO_TRACE, RequestTrace
+from proxy.telemetry.base import NO_TRACE, RequestTrace
 from proxy.upstream.client import iter_raw, request_headers, response_headers, upstream_url
 from proxy.wire.codec import Codec
 from proxy.wire.dialects import OPENAI

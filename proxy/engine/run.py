@@ -34,7 +34,7 @@ from proxy.logs import log as logger
 from proxy.logs import request_event
 from proxy.request import Conversation, RequestContext
 from proxy.state import ProxyState
-from proxy.telemetry import NO_TRACE, RequestTrace
+from proxy.telemetry.base import NO_TRACE, RequestTrace
 from proxy.upstream.client import request_headers
 from proxy.upstream.windows import context_window
 from proxy.wire.codec import Codec

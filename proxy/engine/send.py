@@ -33,7 +33,7 @@ from proxy.request import Conversation, RequestContext
 from proxy.rewrite.context_read.loop import Send
 from proxy.rewrite.pipeline import shape
 from proxy.state import ProxyState
-from proxy.telemetry import Headers, RequestTrace
+from proxy.telemetry.base import Headers, RequestTrace
 from proxy.upstream.client import read_answer, upstream_url
 from proxy.upstream.windows import overflow_limit
 

@@ -24,8 +24,8 @@ from proxy.engine.run import Answer, Inbound, RequestRun, StreamEnd, context, pa
 from proxy.engine.send import Sent, provider_call, send_upstream
 from proxy.errors import ProxyError
 from proxy.request import Conversation, RequestContext
+from proxy.request.events import Degraded
 from proxy.rewrite.context_read.loop import ReadLoop
-from proxy.rewrite.events import Degraded
 from proxy.rewrite.pipeline import response_loop, shape
 from proxy.state import ProxyState
 from proxy.upstream.client import iter_raw, read_answer, response_headers, upstream_url

@@ -24,8 +24,8 @@ from pydantic import BaseModel
 
 from proxy.lru import LRU
 from proxy.request import Conversation, RequestContext
+from proxy.request.events import CompactionInEffect
 from proxy.rewrite.compress.history import system_end
-from proxy.rewrite.events import CompactionInEffect
 from proxy.rewrite.settings import CacheHintsSettings, Peers
 from proxy.rewrite.status_bar.trajectory import is_status
 from proxy.wire.codec import MARK_TTL_SECONDS, BreakpointStyle

@@ -20,7 +20,7 @@ import time
 from proxy import loop_free
 from proxy.logs import event, log
 from proxy.request import Conversation, RequestContext
-from proxy.rewrite.events import Degraded
+from proxy.request.events import Degraded
 from proxy.store import Store
 
 STORE_DOWN = "store-unavailable"

@@ -29,8 +29,8 @@ from pydantic import BaseModel
 from proxy import offloop
 from proxy.lru import LRU
 from proxy.request import Conversation, RequestContext
+from proxy.request.events import Offloaded
 from proxy.rewrite.context_read.tool import read_tool_name
-from proxy.rewrite.events import Offloaded
 from proxy.rewrite.first_send import FirstSend
 from proxy.rewrite.preview import PreviewShape, build_placeholder, error_matcher
 from proxy.rewrite.settings import MIN_THRESHOLD_TOKENS, OffloadSettings, Peers

@@ -37,7 +37,7 @@ from proxy.logs import event
 from proxy.redact import redact_url
 from proxy.store.base import Store, StoreError
 from proxy.store.keys import tenant_key
-from proxy.telemetry import OFF, Tracing
+from proxy.telemetry.base import OFF, Tracing
 
 TIMEOUT_S = 0.5  # deadline of one store call (config: store_timeout)
 BACKOFF_S = 0.5  # fail-fast period after the first failure ...

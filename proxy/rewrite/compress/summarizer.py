@@ -28,7 +28,7 @@ import orjson
 from proxy import offloop
 from proxy.config import UpstreamSettings
 from proxy.rewrite.compress.history import Message, text_of
-from proxy.telemetry import NO_TRACE, RequestTrace, UpstreamCall
+from proxy.telemetry.base import NO_TRACE, RequestTrace, UpstreamCall
 from proxy.tokens.counter import default_counter
 from proxy.upstream.client import Upstream, read_answer, upstream_url
 from proxy.wire import jsonio

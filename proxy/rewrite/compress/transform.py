@@ -28,6 +28,7 @@ from proxy import offloop
 from proxy.logs import event
 from proxy.lru import LRU
 from proxy.request import Conversation, RequestContext
+from proxy.request.events import ClientCompacts, Compacted, CompactionInEffect, HistoryElsewhere
 from proxy.rewrite.cache_hints import cache_fields
 from proxy.rewrite.compress.history import Message, chain, head_end, identifiers, repair_pairing, tail_start, text_of
 from proxy.rewrite.compress.precompute import Precomputer
@@ -48,7 +49,6 @@ from proxy.rewrite.compress.summarizer import (
 from proxy.rewrite.compress.summary_limit import within_limit
 from proxy.rewrite.context_read.tool import read_tool_name
 from proxy.rewrite.context_read.transform import has_placeholders, tools_as_sent
-from proxy.rewrite.events import ClientCompacts, Compacted, CompactionInEffect, HistoryElsewhere
 from proxy.rewrite.first_send import FirstSend
 from proxy.rewrite.marks import PLACEHOLDER_MARK, SUMMARY_OPEN
 from proxy.rewrite.preview import read_call

@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from proxy.request import Conversation, ReadTool, RequestContext
+from proxy.request.events import PLACEHOLDER_EVENTS
 from proxy.rewrite.context_read.loop import ReadLoop, Send
 from proxy.rewrite.context_read.tool import tool_name_for, tool_spec
-from proxy.rewrite.events import PLACEHOLDER_EVENTS
 from proxy.rewrite.settings import ContextReadSettings, Peers
 from proxy.store.archive import Archive
 from proxy.wire.codec import Codec

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from proxy import offloop
 from proxy.lru import LRU
 from proxy.request import Conversation, RequestContext
-from proxy.rewrite.events import CompactionInEffect, Offloaded, StatusAdded, StatusSkipped
+from proxy.request.events import CompactionInEffect, Offloaded, StatusAdded, StatusSkipped
 from proxy.rewrite.marks import STATUS_OPEN
 from proxy.rewrite.settings import Peers, StatusBarSettings
 from proxy.rewrite.status_bar.clock import SessionClock
@@ -97,7 +97,7 @@ class StatusBar:
         progress = await self._progress(conv)
         raw = conv.messages if not progress.statuses else without(conv.messages, progress.statuses)
         prev = conv.digest(raw[-1]).hex()[:_PREV_HEX] if raw else ""
-        conv.status_anchor = StatusAnchor(progress.trajectory, len(raw), prev)
+        conv.owned[self.name] = StatusAnchor(progress.trajectory, len(raw), prev)
         if self.settings.mode != "append":
             return conv
         entries = await self._entries(ctx)
@@ -143,8 +143,8 @@ class StatusBar:
         return cached
 
     async def apply(self, conv: Conversation, ctx: RequestContext) -> Conversation:
-        anchor = conv.status_anchor
-        if anchor is None:
+        anchor = conv.owned.get(self.name)
+        if not isinstance(anchor, StatusAnchor):
             return conv
         traj, n, prev = anchor.trajectory, anchor.at, anchor.prev
         if conv.messages and is_status(conv.wire, conv.messages[-1]):

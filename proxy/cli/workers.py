@@ -26,8 +26,8 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
 from proxy.accounting.metrics import SHARED_DIR_ENV
+from proxy.cli.worker_sockets import OneSocketEach, bind_sockets
 from proxy.config import Settings
-from proxy.http.worker_sockets import OneSocketEach, bind_sockets
 
 
 class WorkerConfig(uvicorn.Config):
@@ -56,7 +56,7 @@ class WorkerConfig(uvicorn.Config):
 
 
 def serve_workers(settings: Settings, options: dict[str, Any]) -> None:
-    """Bind a socket per worker (proxy/http/worker_sockets.py), run `settings.server.workers` workers until
+    """Bind a socket per worker (proxy/cli/worker_sockets.py), run `settings.server.workers` workers until
     SIGTERM/SIGINT, then remove the metrics files."""
     config = WorkerConfig(settings, **options)
     sockets = bind_sockets(config, settings.server.workers)

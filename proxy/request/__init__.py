@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from proxy import offloop
 from proxy.config import Route
+from proxy.request.events import Event
 from proxy.store import Store
 from proxy.telemetry.base import NO_TRACE, RequestTrace
 from proxy.tokens.counter import REPLY_PRIMING_TOKENS, default_counter
@@ -29,8 +30,6 @@ from proxy.wire.jsonio import JsonStyle
 from proxy.wire.usage import Usage
 
 if TYPE_CHECKING:
-    from proxy.rewrite.events import Event
-    from proxy.rewrite.status_bar.trajectory import StatusAnchor
     from proxy.tokens.session_memo import RequestMemo
 
 
@@ -95,7 +94,9 @@ class Conversation:
     read_tool: ReadTool | None = None
     client_messages: list[Item] = field(default_factory=list)  # as the client sent them
     unmarked: dict[int, Item] = field(default_factory=dict)  # sent items before cache markers were added
-    status_anchor: StatusAnchor | None = None  # the status bar's: where its earlier statuses stood
+    # what a transform keeps for this request between its restore and its apply, under its name (the status
+    # bar's: where its earlier statuses stood); no other transform reads it
+    owned: dict[str, object] = field(default_factory=dict)
     memo: RequestMemo | None = None  # what the session's previous request left (proxy/tokens/session_memo.py)
     usage_hidden: bool = False  # the proxy asked the stream for usage the client did not ask for
     facts: MessageFacts = field(init=False, repr=False)
