@@ -281,3 +281,17 @@ def test_hostile_frames_get_error_events_not_a_dead_socket(proxy, upstream):
             assert ev["type"] == "error" and 400 <= ev["status"] < 500, (frame[:80], ev)
         upstream.script("still here")
         assert completed(turn(ws, model="gpt-5", input="hello"))["output"][0]["content"][0]["text"] == "still here"
+
+
+def test_a_turn_the_provider_refuses_is_in_the_sessions_timeline(proxy, upstream):
+    """A turn answered whole (the provider's error, no stream) is accounted as one failed request: its ledger used
+    to be closed only by the HTTP response's send, which a WebSocket turn never calls."""
+    upstream.windows["gpt-tiny"] = 100
+    headers = {"authorization": f"Bearer {KEY}", "x-session-id": "ws-refused"}
+    with connect(ws_url(proxy), additional_headers=headers) as ws:
+        err = turn(ws, model="gpt-tiny", input=[{"role": "user", "content": "word " * 400}])[-1]
+        assert err["type"] == "error" and err["status"] == 400
+        upstream.script("fine")
+        assert completed(turn(ws, model="gpt-5", input="hello"))["status"] == "completed"
+    timeline = proxy.get("/ctx/v1/sessions/ws-refused", headers={"authorization": f"Bearer {KEY}"}).json()
+    assert [r["status"] for r in timeline["requests"]] == [400, 200], timeline["requests"]
