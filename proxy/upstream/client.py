@@ -197,7 +197,7 @@ class Upstream:
         A connection closed before any response byte is retried once (module docstring).
         """
         timeout = _timeout(settings.connect_timeout, settings.read_timeout)
-        request = httpx.Request(method, url, headers=headers, content=content, extensions={"timeout": timeout})
+        request = httpx.Request(method, _parsed(url), headers=headers, content=content, extensions={"timeout": timeout})
         transport = self._transport(request.url)
         try:
             return await transport.handle_async_request(request)
@@ -213,6 +213,11 @@ class Upstream:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+@functools.lru_cache(maxsize=1024)  # a route's few URLs, each parsed once rather than on every request
+def _parsed(url: str) -> httpx.URL:
+    return httpx.URL(url)
 
 
 @functools.lru_cache(maxsize=64)  # a route's two settings: one object per route, not one per request
