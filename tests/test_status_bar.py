@@ -55,12 +55,13 @@ def expected(msgs: list[dict]) -> dict[str, str]:
         errors += 1
     todos = json.loads([c for c in calls if c["name"] == "todo_write"][-1]["arguments"])["todos"]
     done = sum(t["status"] == "completed" for t in todos)
+    active = next((t["content"] for t in todos if t["status"] == "in_progress"), None)
     return {"turn": str(sum(m["role"] == "assistant" for m in msgs)),
             "tool_calls": f"{len(calls)} ({per_text})",
             "last_tool": f"{calls[-1]['name']} ({'error' if errors else 'ok'})",
             "repeated_call": f"{calls[-1]['name']} x{run}",
             "consecutive_errors": str(errors),
-            "todo": f"{len(todos) - done} open, {done} done"}
+            "todo": f"{len(todos) - done} open, {done} done" + (f"; in progress: {active}" if active else "")}
 
 
 def parse(status: str) -> dict[str, str]:
@@ -111,7 +112,7 @@ def test_status_values_are_exact(upstream, tmp_path):
 def test_between_full_statuses_only_the_turn_the_context_and_the_warnings(upstream, tmp_path):
     """Turn 6 of a session whose full status comes every 10th turn: what warns stays, the rest waits."""
     msgs = scenario()
-    with InProcessProxy(settings(upstream, tmp_path)) as p:
+    with InProcessProxy(settings(upstream, tmp_path, full_every=10)) as p:
         send(p, msgs)
         warned = parse(sent(upstream)[-1]["content"])
         send(p, msgs[:4], key="sk-b")  # turn 1: one read_file that worked, nothing to warn about
@@ -135,8 +136,8 @@ def test_full_status_comes_on_the_turns_full_every_divides(upstream, tmp_path):
 
 
 def test_a_short_status_is_the_same_bytes_on_another_replica(upstream, tmp_path, monkeypatch):
-    """Between full statuses the status has no clock line: the same history gives the same bytes on a replica
-    with its own store, hours later."""
+    """Between full statuses (a route that asks for them every 10th turn) the status has no clock line: the same
+    history gives the same bytes on a replica with its own store, hours later."""
     from proxy.rewrite.status_bar import transform
 
     msgs = scenario()
@@ -145,7 +146,7 @@ def test_a_short_status_is_the_same_bytes_on_another_replica(upstream, tmp_path,
         clock = transform.time.time() + hours * 3600
         monkeypatch.setattr(transform.time, "time", lambda clock=clock: clock)
         cfg = make_settings(upstream.base_url, f"sqlite:///{tmp_path}/{store}.db",
-                            models={"gpt-4o": {"context_window": 50_000}})
+                            models={"gpt-4o": {"context_window": 50_000}}, defaults={"status_bar": {"full_every": 10}})
         with InProcessProxy(cfg) as p:
             send(p, msgs)
             texts.append(sent(upstream)[-1]["content"])
@@ -267,3 +268,16 @@ def test_status_with_system_role_is_not_added_twice_on_a_retry(upstream, tmp_pat
         assert retry.status_code == 200
         again = json.loads(upstream.requests[-1].body)["messages"]
         assert sum("<agent_status>" in json.dumps(m) for m in again) == 1
+
+
+def test_every_status_says_its_state_under_the_shipped_defaults(upstream, tmp_path):
+    """Turn 5 of a session under the defaults: the tool counts, the todo with the item in progress named, the
+    errors, the elapsed time and the context use are all there (models miscount them from the raw history)."""
+    msgs = scenario()
+    with InProcessProxy(settings(upstream, tmp_path)) as p:
+        send(p, msgs[:-2])
+        got = parse(sent(upstream)[-1]["content"])
+    want = expected(msgs[:-2])
+    assert got["turn"] == "5" and got["turn"] == want["turn"]
+    assert got["tool_calls"] == want["tool_calls"] and got["todo"] == want["todo"] and "in progress: " in got["todo"]
+    assert {"consecutive_errors", "elapsed", "context"} <= set(got)

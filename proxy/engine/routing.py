@@ -1,9 +1,15 @@
 """Request → route, tenant and session.
 
 The tenant is a keyed hash of the client's API key, never the key itself; every
-stored thing is namespaced by it. The session id is the client's
-`X-Session-Id`, else derived from what every turn of one agent run re-sends
-unchanged: tenant, route, system message(s) and the first user message.
+stored thing is namespaced by it. The session is the one the client names:
+`X-Session-Id`, else the agent's own session header (Claude Code's
+`X-Claude-Code-Session-Id`, opencode's `session-id`, Codex's `session_id`), else
+the conversation its body names (`prompt_cache_key`, Claude Code's
+`metadata.user_id`, a Responses `conversation`); else it is derived from what
+every turn of one agent run re-sends unchanged: tenant, route, system
+message(s) and the first user message. A Claude Code subagent (its request
+class, sent with `CLAUDE_CODE_GATEWAY_HINT_HEADERS=1`) is a session of its own,
+named after its parent's: `<parent>/agent-<id>`.
 
 A request trusted for where it comes from (a route that injects the operator's
 key) must name the proxy in its `Host` (proxy/http/local_guard.py says why).
@@ -25,7 +31,10 @@ from proxy.wire.dialects import DIALECTS, OPENAI
 
 ROUTE_HEADER = "x-ctx-route"
 SESSION_HEADER = "x-session-id"
-CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"  # Claude Code names its conversation with it
+# Agents' own names for their conversation, in the order they are read: Claude Code's, opencode's, Codex's.
+AGENT_SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "session_id")
+REQUEST_CLASS_HEADER = "x-claude-code-request-class"  # main, subagent, compaction, auxiliary, ... (hint headers)
+AGENT_ID_HEADER = "x-claude-code-agent-id"
 _ANONYMOUS = "anonymous"
 _MAX_SESSION_ID = 200  # characters of a client-given session id
 
@@ -131,13 +140,28 @@ def _valid_session(given: str) -> bool:
 
 
 def named_session(headers: Mapping[str, str]) -> str | None:
-    """The session a request names in its headers (X-Session-Id, else Claude Code's own), if it names a usable one:
+    """The session a request names in its headers (X-Session-Id, else the agent's own), if it names a usable one:
     what a request the proxy refuses before reading its body is counted under."""
     given = headers.get(SESSION_HEADER)
     if given is None:
-        given = headers.get(CLAUDE_CODE_SESSION_HEADER)
+        given = _agent_session(headers)
     given = (given or "").strip()
     return given if _valid_session(given) else None
+
+
+def _agent_session(headers: Mapping[str, str]) -> str | None:
+    """The agent's own session header, if one is usable (never a reason to refuse a request)."""
+    for name in AGENT_SESSION_HEADERS:
+        given = headers.get(name, "").strip()
+        if _valid_session(given):
+            return given
+    return None
+
+
+def request_class(headers: Mapping[str, str]) -> str | None:
+    """What Claude Code says a request is (main, subagent, compaction, auxiliary, ...), when it says."""
+    value = headers.get(REQUEST_CLASS_HEADER, "").strip().lower()
+    return value or None
 
 
 def session_id(headers: Mapping[str, str], tenant: str, route: Route, conv: Conversation) -> str:
@@ -147,9 +171,15 @@ def session_id(headers: Mapping[str, str], tenant: str, route: Route, conv: Conv
         if not _valid_session(given):
             raise BadRequest(f"X-Session-Id must be 1-{_MAX_SESSION_ID} printable characters", param="X-Session-Id")
         return given
-    agent = headers.get(CLAUDE_CODE_SESSION_HEADER, "").strip()
-    if _valid_session(agent):  # an agent's own header: used when it is usable, never a reason to refuse
-        return agent
+    session = _agent_session(headers) or _derived(tenant, route, conv)
+    agent = headers.get(AGENT_ID_HEADER, "").strip()
+    if request_class(headers) == "subagent" and agent:  # its own history, tied to its parent's by name
+        session = f"{session}/agent-{agent}"[:_MAX_SESSION_ID]
+    return session
+
+
+def _derived(tenant: str, route: Route, conv: Conversation) -> str:
+    """The session of a request that names none by header: the conversation its body names, else its opening."""
     h = hashlib.blake2b(digest_size=12)
     h.update(f"{tenant}\0{route.name}\0".encode())
     hint = conv.wire.session_hint(conv.body)

@@ -24,6 +24,7 @@ from proxy.engine.routing import (
     INJECTS_KEY,
     api_key_of,
     injected_key,
+    request_class,
     require_proxy_host,
     resolve_route,
     session_id,
@@ -212,7 +213,9 @@ async def _context(st: ProxyState, inbound: Inbound, conv: Conversation, request
                           window=min(window, learned or window), upstream=st.upstream,
                           upstream_headers=request_headers(items, injected_key(route), identity_encoding=True),
                           own_calls=RequestOwnCalls(st.accounting.own_call), trace=trace,
-                          shared=st.accounting.shared)
+                          shared=st.accounting.shared,
+                          client_compacts=request_class(headers) == "compaction"
+                          or conv.wire.client_compacts(conv.body))
 
 
 @dataclass

@@ -63,6 +63,9 @@ class RequestContext:
     # other processes may serve this session (proxy/state.py shared_sessions): what it last did is read from the
     # store, not from this process's memory
     shared: bool = True
+    # the client compacts its own history with this request (Codex's compaction_trigger, Claude Code's summary
+    # request or request class): nothing new is compacted, nothing is added after its last message
+    client_compacts: bool = False
 
 
 class ReadRounds(Protocol):

@@ -146,9 +146,10 @@ class StatusBarSettings(BaseModel):
     agents_only: bool = True  # only requests with tools or tool messages get a status
     role: Literal["user", "system", "developer"] = "user"
     mode: Literal["append", "replace"] = "replace"
-    # every this many turns (turn 0, N, 2N, ...) the status states everything; between, only the turn, the
-    # context use and the warnings: 1 is a full status on every turn
-    full_every: int = Field(default=10, ge=1)
+    # every this many turns (turn 0, N, 2N, ...) the status states everything (tool counts, todo, errors,
+    # elapsed time); between, only the turn, the context use and the warnings. 1, the default: every status is
+    # whole - models miscount these from the raw history, and a whole status costs a few dozen tokens
+    full_every: int = Field(default=1, ge=1)
     error_pattern: str = DEFAULT_ERROR_PATTERN  # a tool result matching this looks like a failure
     todo: TodoShape = TodoShape()
     repeated_call: Guidance = Guidance(at=3, text="the same call keeps repeating: change approach")

@@ -37,7 +37,7 @@ class OpenAIBody:
         return []
 
     def client_compacts(self, body: Body) -> bool:
-        return False  # only the Responses API has a request that asks the provider to compact
+        return False  # Responses' compaction_trigger, Claude Code's summary request: their codecs say
 
     def model(self, body: Body) -> str | None:
         model = body.get("model")

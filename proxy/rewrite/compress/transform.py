@@ -129,9 +129,10 @@ class Compress:
         if conv.wire.history_elsewhere(conv.body):  # only the new items are here: nothing to compact
             conv.events.append(HistoryElsewhere())
             return conv
-        # The client compacts its own history with this request (Codex's compaction_trigger): what is
-        # recorded is replayed (the same prefix, the same bytes), but nothing new is compacted or precomputed.
-        own = conv.wire.client_compacts(conv.body)
+        # The client compacts its own history with this request (Codex's compaction_trigger, Claude Code's
+        # summary request): what is recorded is replayed (the same prefix, the same bytes), but nothing new is
+        # compacted or precomputed.
+        own = ctx.client_compacts
         if own:
             conv.events.append(ClientCompacts())
         raw = conv.messages

@@ -15,9 +15,12 @@ DEFAULT_ERROR_PATTERN = (r"(?im)^(?:error|fatal|exception)\b|traceback \(most re
 
 @dataclass(frozen=True)
 class TodoShape:
-    """How a client's todo tool looks: tool names, the list argument, the status field and its done values."""
+    """How a client's todo tool looks: tool names, the list argument, the status field and its done and active
+    values, and the fields naming an item (the first present is shown for the item in progress)."""
 
     tools: tuple[str, ...] = ("todo_write", "TodoWrite", "write_todos", "update_todos", "todowrite")
     list_arg: str = "todos"
     status_field: str = "status"
     done_values: tuple[str, ...] = ("completed", "done", "complete")
+    active_values: tuple[str, ...] = ("in_progress", "in-progress", "active", "doing")
+    name_fields: tuple[str, ...] = ("content", "title", "text", "description", "task")

@@ -59,6 +59,7 @@ class Trajectory:
     consecutive_errors: int = 0
     todo_open: int | None = None
     todo_done: int | None = None
+    todo_active: str | None = None  # the item in progress, as the todo list names it
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,10 @@ def looks_like_error(wire: Codec, message: Item, pattern: ErrorLook) -> bool:
     return pattern.search(sample)
 
 
-def _todo_counts(arguments: str, shape: TodoShape) -> tuple[int, int] | None:
+_TODO_NAME_CHARS = 80  # of the item in progress, in the status
+
+
+def _todo_counts(arguments: str, shape: TodoShape) -> tuple[int, int, str | None] | None:
     try:
         args = orjson.loads(arguments or "{}")
     except orjson.JSONDecodeError:
@@ -94,9 +98,15 @@ def _todo_counts(arguments: str, shape: TodoShape) -> tuple[int, int] | None:
     items = args.get(shape.list_arg) if isinstance(args, dict) else None
     if not isinstance(items, list):
         return None
-    done = sum(1 for t in items
-               if isinstance(t, dict) and str(t.get(shape.status_field, "")).lower() in shape.done_values)
-    return len(items) - done, done
+    states = [str(t.get(shape.status_field, "")).lower() if isinstance(t, dict) else "" for t in items]
+    done = sum(1 for s in states if s in shape.done_values)
+    active = next((t for t, s in zip(items, states) if s in shape.active_values), None)
+    name = next((v for f in shape.name_fields if isinstance(v := active.get(f), str) and v.strip()), None) \
+        if isinstance(active, dict) else None
+    if name is not None:
+        name = " ".join(name.split())
+        name = name if len(name) <= _TODO_NAME_CHARS else name[:_TODO_NAME_CHARS - 1] + "…"
+    return len(items) - done, done, name
 
 
 @dataclass
@@ -135,7 +145,7 @@ class Progress:
                 if name in todo.tools:
                     counts = _todo_counts(args, todo)
                     if counts is not None:
-                        t.todo_open, t.todo_done = counts
+                        t.todo_open, t.todo_done, t.todo_active = counts
         elif role == "tool":
             t.last_tool = self.names.get(wire.answers(m), wire.result_name(m) or "?")
             t.last_error = is_error(m)

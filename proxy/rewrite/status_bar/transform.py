@@ -149,8 +149,9 @@ class StatusBar:
         traj, n, prev = anchor.trajectory, anchor.at, anchor.prev
         if conv.messages and is_status(conv.wire, conv.messages[-1]):
             return conv  # the status recorded for exactly this history (a retry): already in place
-        if conv.wire.client_compacts(conv.body):
-            # Codex's compaction_trigger must stay the last item; a status before it would only be summarized away
+        if ctx.client_compacts:
+            # Codex's compaction_trigger must stay the last item, Claude Code's summary request must end the prompt;
+            # a status before either would only be summarized away
             conv.events.append(StatusSkipped("the client compacts its history with this request"))
             return conv
         if conv.messages and conv.wire.role(conv.messages[-1]) == "assistant":
@@ -209,7 +210,8 @@ class StatusBar:
             lines.append(f"{context}, offloaded {len(conv.kinds(Offloaded))}, compactions {compactions}")
             lines.append("time: " + time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(now)))
             if t.todo_open is not None:
-                lines.append(f"todo: {t.todo_open} open, {t.todo_done} done")
+                active = f"; in progress: {t.todo_active}" if t.todo_active else ""
+                lines.append(f"todo: {t.todo_open} open, {t.todo_done} done{active}")
         else:
             lines.append(context)
         advice = s.context_compressed if compressed else s.context

@@ -62,7 +62,9 @@ class ChatCompletions(OpenAIBody):
         return False
 
     def session_hint(self, body: Body) -> str | None:
-        return None
+        """opencode sends its session id as prompt_cache_key (OpenAI's cache routing key, one per conversation)."""
+        value = body.get("prompt_cache_key")
+        return value if isinstance(value, str) and value else None
 
     def output_reserve(self, body: Body) -> int:
         for key in _OUTPUT_KEYS:

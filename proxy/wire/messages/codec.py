@@ -90,6 +90,14 @@ class Messages(OpenAIBody):
     def history_elsewhere(self, body: Body) -> bool:
         return False
 
+    def client_compacts(self, body: Body) -> bool:
+        """Claude Code's own compaction: its history, then a user message asking for a summary that ends with its
+        reminder not to call tools (its request class says `compaction` too, when it sends hint headers)."""
+        items = body.get("messages")
+        if not isinstance(items, list) or not items or self.role(items[-1]) != "user":
+            return False
+        return CLAUDE_CODE_SUMMARY_REQUEST in (self.text(items[-1]) or "")[-1000:]
+
     def session_hint(self, body: Body) -> str | None:
         """Claude Code's `metadata.user_id` ends in `_session_<uuid>`: that conversation, whatever else changes."""
         meta = body.get("metadata")
@@ -249,6 +257,8 @@ class Messages(OpenAIBody):
 MESSAGES = Messages()
 
 
+# The last sentence of the message with which Claude Code asks for a summary of its history (2.1.3xx).
+CLAUDE_CODE_SUMMARY_REQUEST = "REMINDER: Do NOT call any tools. Respond with plain text only"
 COUNT_PATH = "messages/count_tokens"
 
 
