@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -24,7 +25,7 @@ from proxy.http.local_guard import origin_refusal, refuse
 from proxy.http.responses_ws import responses_websocket
 from proxy.http.turns import count_tokens, passthrough, turns
 from proxy.logs import flush_logs
-from proxy.redact import register_settings
+from proxy.redact import redact, register_settings
 from proxy.state import ProxyState, state_of
 from proxy.store import open_store
 from proxy.store.guarded import GuardedStore
@@ -75,7 +76,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             get_encoding(name)  # load now, not in the first request (~200 ms)
         store = GuardedStore(open_store(settings.store, settings.store_timeout), timeout=settings.store_timeout,
                              name=settings.store)
-        await store.problem()  # a store down at start is a warning in the first lines of the log (it still serves)
+        # a store down at start is a warning in the first lines of the log (it still serves), and one plain line on
+        # stderr for whoever started it (a worker of `serve --workers N` each says it); its URL's password masked
+        reason = await store.problem()
+        if reason is not None:
+            print(redact(f"ctxproxy: warning: store {store.name} is unreachable ({reason}); requests are forwarded "
+                         f"unmodified until it answers"), file=sys.stderr, flush=True)
         upstream = Upstream(trust_env=settings.trust_env)
         tracing = store.tracing = setup_tracing(settings.otel_env)  # OFF unless OTEL_* say (README: Tracing)
         app.state.proxy = ProxyState.create(settings, upstream, store, tracing)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 
 from proxy.cli.check import check, config_warnings, startup_line
@@ -58,10 +59,31 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, env)
 
 
-def _serve(settings: Settings) -> None:
+def _listen(settings: Settings) -> list[socket.socket]:
+    """The sockets `serve` will serve, bound and listening (proxy/cli/worker_sockets.py): one per address for a
+    single process, one per worker with --workers N. An address it cannot listen on ends the process here, in
+    one line on stderr and exit status 3, before anything says "listening"."""
+    from uvicorn.config import STARTUP_FAILURE
+
+    from proxy.cli.worker_sockets import CannotListen, bind_addresses, bind_sockets
+
+    server = settings.server
+    try:
+        if server.workers > 1:
+            return bind_sockets(server.host, server.port, server.workers)
+        return bind_addresses(server.host, server.port)
+    except CannotListen as e:
+        print(redact(f"ctxproxy: {e}"), file=sys.stderr, flush=True)
+        raise SystemExit(STARTUP_FAILURE) from None
+
+
+def _serve(settings: Settings, sockets: list[socket.socket]) -> None:
+    """Serve on `sockets` (from _listen) until SIGTERM/SIGINT; exit status 3 if the server fails to start."""
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
 
     from proxy.app import create_app
+    from proxy.cli.worker_sockets import log_listening
     from proxy.http.server import uvicorn_options
     from proxy.logs import event, setup_logging
     from proxy.tokens.encodings import TokenizerUnavailable, ensure_encodings
@@ -83,12 +105,24 @@ def _serve(settings: Settings) -> None:
     if server.workers > 1:
         from proxy.cli.workers import serve_workers
 
-        serve_workers(settings, options)
-    else:
-        uvicorn.run(create_app(settings), **options)
+        serve_workers(settings, options, sockets)
+        return
+    config = uvicorn.Config(create_app(settings), **options)
+    log_listening(config, sockets)
+    single = uvicorn.Server(config)
+    try:
+        single.run(sockets=sockets)  # what uvicorn.run does, on the sockets bound already
+    except KeyboardInterrupt:
+        pass
+    if not single.started:
+        raise SystemExit(STARTUP_FAILURE)
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run one command; its exit status: 0 done (serve: stopped by SIGTERM/SIGINT), 1 a command failed (check: a
+    store that does not answer; stats: no answer from the proxy), 2 an invalid configuration, 3 serve could not
+    start (an address it cannot listen on, such as a port already in use, said in one line on stderr; or the
+    app failed to start), 130 interrupted."""
     args = _parser().parse_args(argv)
     if args.command == "replay":
         from proxy.replay import main as replay_main
@@ -118,11 +152,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     register_settings(settings)  # before anything is printed: no line may show a password or key it holds
     if args.command == "serve":
+        sockets = _listen(settings)  # "listening" only once it is
         print(startup_line(settings, args.config or os.environ.get("CTXPROXY_CONFIG") or "built-in defaults"),
               flush=True)
         for w in config_warnings(settings):
             print(redact(f"ctxproxy: warning: {w}"), file=sys.stderr, flush=True)
-        _serve(settings)
+        _serve(settings, sockets)
     else:
         try:
             code = check(settings, offline=args.offline)

@@ -12,10 +12,15 @@ replacement, which is given the same socket; it is not refused.
 uvicorn's supervisor gives every worker the same sockets; `OneSocketEach` is
 that supervisor with each worker's Process built on its own socket (the
 methods that build one are uvicorn 0.54.0's, with that one change).
+
+The sockets are bound, and listening, before anything says "listening" (the
+single process's too, `bind_addresses`): a port already taken is one line on
+the terminal (`CannotListen`), not a log line after the app has started.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 
@@ -24,33 +29,91 @@ from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 logger = logging.getLogger("uvicorn.error")
 
+BACKLOG = 2048  # uvicorn.Config's default, which each server's listen() sets again when it starts serving
+_WHY = {errno.EADDRINUSE: "address already in use (another ctxproxy? set --port or server.port)",
+        errno.EADDRNOTAVAIL: "no interface has this address (set --host or server.host)",
+        errno.EACCES: "permission denied (a port below 1024 needs privileges; set --port or server.port)"}
 
-def bind_sockets(config: Config, n: int) -> list[socket.socket]:
-    """`n` sockets bound to the config's host and port (the port of the first when it is 0), or one socket
-    shared by all where the system has no SO_REUSEPORT."""
-    if not hasattr(socket, "SO_REUSEPORT") or config.uds is not None or config.fd is not None:
-        return [config.bind_socket()]
-    family = socket.AF_INET6 if config.host and ":" in config.host else socket.AF_INET
+
+class CannotListen(Exception):
+    """The address cannot be listened on; its message is the line `serve` prints, without the `ctxproxy: `."""
+
+
+def address(host: str, port: int) -> str:
+    """`host:port`, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _cannot(host: str, port: int, exc: OSError) -> CannotListen:
+    if isinstance(exc, socket.gaierror):  # a host name that does not resolve
+        why = f"{(exc.strerror or str(exc)).lower()} (set --host or server.host)"
+    else:
+        why = _WHY.get(exc.errno or 0) or (exc.strerror or str(exc)).lower()
+    return CannotListen(f"cannot listen on {address(host, port)}: {why}")
+
+
+def _close(sockets: list[socket.socket]) -> None:
+    for sock in sockets:
+        sock.close()
+
+
+def bind_addresses(host: str, port: int) -> list[socket.socket]:
+    """The single process's sockets, bound and listening: one per address `host` resolves to, as uvicorn's
+    asyncio server would bind them (a name such as localhost may be IPv4 and IPv6). Raises CannotListen."""
     out: list[socket.socket] = []
-    port = config.port
     try:
-        for _ in range(n):
+        infos = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+        for family, kind, proto, _, addr in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            out.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # each family its own socket, as asyncio does
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(addr)
+            sock.listen(BACKLOG)
+            sock.set_inheritable(True)
+    except OSError as exc:
+        _close(out)
+        raise _cannot(host, port, exc) from None
+    return out
+
+
+def bind_sockets(host: str, port: int, n: int) -> list[socket.socket]:
+    """`n` sockets bound to host and port (the port of the first when it is 0) and listening, or one socket
+    shared by all where the system has no SO_REUSEPORT. Raises CannotListen.
+
+    SO_REUSEPORT lets any socket of the same user that sets it too share the port: another ctxproxy with
+    workers would silently take half the connections. So the port is first bound without it, which fails
+    while anything listens there."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    out: list[socket.socket] = []
+    try:
+        if port:
+            with socket.socket(family=family) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((host, port))
+        for _ in range(n if hasattr(socket, "SO_REUSEPORT") else 1):
             sock = socket.socket(family=family)
             out.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((config.host, port))
+            if hasattr(socket, "SO_REUSEPORT"):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
             port = sock.getsockname()[1]
+            sock.listen(BACKLOG)
             sock.set_inheritable(True)
     except OSError as exc:
-        for sock in out:
-            sock.close()
-        logger.error(exc)
-        raise SystemExit(STARTUP_FAILURE) from None
-    shown = f"[{config.host}]" if family == socket.AF_INET6 else config.host
-    logger.info("Uvicorn running on %s://%s:%d (Press CTRL+C to quit)", "https" if config.is_ssl else "http",
-                shown, port)
+        _close(out)
+        raise _cannot(host, port, exc) from None
     return out
+
+
+def log_listening(config: Config, sockets: list[socket.socket]) -> None:
+    """uvicorn's "running on" log line, which it leaves to whoever binds the sockets it is given."""
+    for sock in sockets:
+        host, port = sock.getsockname()[:2]
+        logger.info("Uvicorn running on %s://%s (Press CTRL+C to quit)", "https" if config.is_ssl else "http",
+                    address(host, port))
 
 
 class OneSocketEach(Multiprocess):

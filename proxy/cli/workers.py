@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 from typing import Any
 
@@ -26,7 +27,7 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
 from proxy.accounting.metrics import SHARED_DIR_ENV
-from proxy.cli.worker_sockets import OneSocketEach, bind_sockets
+from proxy.cli.worker_sockets import OneSocketEach, log_listening
 from proxy.config import Settings
 
 
@@ -55,11 +56,13 @@ class WorkerConfig(uvicorn.Config):
         super().load()
 
 
-def serve_workers(settings: Settings, options: dict[str, Any]) -> None:
-    """Bind a socket per worker (proxy/cli/worker_sockets.py), run `settings.server.workers` workers until
-    SIGTERM/SIGINT, then remove the metrics files."""
+def serve_workers(settings: Settings, options: dict[str, Any], sockets: list[socket.socket]) -> None:
+    """Run `settings.server.workers` workers on `sockets` (proxy/cli/worker_sockets.py's bind_sockets: the
+    caller binds them before it says it listens) until SIGTERM/SIGINT, then remove the metrics files.
+
+    Exits with STARTUP_FAILURE (3) when a worker fails to start, as a single process does."""
     config = WorkerConfig(settings, **options)
-    sockets = bind_sockets(config, settings.server.workers)
+    log_listening(config, sockets[:1])
     metrics_dir = tempfile.mkdtemp(prefix="ctxproxy-metrics-")
     os.environ[SHARED_DIR_ENV] = metrics_dir  # before the first worker is spawned: they inherit it
     supervisor = OneSocketEach(config, sockets)
