@@ -1,11 +1,12 @@
-"""The figures the README quotes, produced from the shipped examples: `python -m bench.readme_figures [--write]`.
+"""The figures README.md and docs/ quote, made from the shipped examples: `python -m bench.readme_figures [--write]`.
 
 A README that quotes a command's output drifts the moment the code changes
-what it prints. Each quoted block sits between `<!-- figures:NAME -->` and
-`<!-- /figures:NAME -->` markers; this script runs the commands behind them
-(`ctxproxy replay --simulate`, in process: the simulator is deterministic) and
-either rewrites the blocks (`--write`) or, by default, exits 1 naming each
-block that disagrees, which tests/test_readme_figures.py does in CI.
+what it prints. Each quoted block, in README.md or a page of docs/, sits between
+`<!-- figures:NAME -->` and `<!-- /figures:NAME -->` markers; this script runs
+the commands behind them (`ctxproxy replay --simulate`, in process: the
+simulator is deterministic) and either rewrites the blocks (`--write`) or, by
+default, exits 1 naming each block that disagrees (and each block no file
+quotes), which tests/test_readme_figures.py does in CI.
 """
 
 from __future__ import annotations
@@ -18,14 +19,21 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 _BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.S)
+
+
+def pages() -> list[Path]:
+    """The files whose blocks are checked: README.md, then every page of docs/."""
+    return [README, *sorted(DOCS.glob("*.md"))]
 
 
 def _replay(*args: str) -> str:
     """What `ctxproxy replay --simulate ARGS` prints to a pipe, each line without its trailing padding."""
     done = subprocess.run([sys.executable, "-c", "from proxy.cli import main; main()", "replay", "--simulate", *args],
-                          capture_output=True, text=True, timeout=600, cwd=README.parent)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"ctxproxy replay --simulate {' '.join(args)} exited {done.returncode}: "
                            f"{done.stderr.strip()[-500:]}")
@@ -52,17 +60,19 @@ def window_8000_07() -> str:
 BLOCKS: dict[str, Callable[[], str]] = {"demo": demo, "replay-window-8000-07": window_8000_07}
 
 
-def disagreements(text: str) -> tuple[str, list[str]]:
-    """The README with every block produced afresh, and the names of the blocks that differed (or are missing)."""
-    found = {m.group("name") for m in _BLOCK.finditer(text)}
-    wrong = [f"{name} (no markers)" for name in BLOCKS if name not in found]
-    made = {name: make() for name, make in BLOCKS.items() if name in found}
+def disagreements(text: str, made: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    """One file's text with every block it quotes produced afresh, and the names of the blocks that differed (or
+    that no script makes). `made` caches what each script printed, so a block quoted twice is produced once."""
+    made = {} if made is None else made
+    wrong: list[str] = []
 
     def fill(m: re.Match[str]) -> str:
         name = m.group("name")
-        if name not in made:
+        if name not in BLOCKS:
             wrong.append(f"{name} (no script makes it)")
             return m.group(0)
+        if name not in made:
+            made[name] = BLOCKS[name]()
         if m.group("body") != made[name]:
             wrong.append(name)
         return m.group(1) + made[name] + m.group(4)
@@ -70,20 +80,40 @@ def disagreements(text: str) -> tuple[str, list[str]]:
     return _BLOCK.sub(fill, text), wrong
 
 
+def check(files: list[Path] | None = None) -> tuple[dict[Path, str], list[str]]:
+    """Every file's text produced afresh, and what is wrong: `FILE: NAME` for a block that differs, `NAME (no
+    markers)` for a block no file quotes."""
+    made: dict[str, str] = {}
+    fresh: dict[Path, str] = {}
+    wrong: list[str] = []
+    quoted: set[str] = set()
+    for path in pages() if files is None else files:
+        text = path.read_text(encoding="utf-8")
+        quoted |= {m.group("name") for m in _BLOCK.finditer(text)}
+        fresh[path], differ = disagreements(text, made)
+        wrong += [f"{path.relative_to(ROOT)}: {name}" for name in differ]
+    wrong += [f"{name} (no markers)" for name in BLOCKS if name not in quoted]
+    return fresh, wrong
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="rewrite the README's blocks instead of checking them")
+    ap.add_argument("--write", action="store_true", help="rewrite the blocks of README.md and docs/*.md instead of "
+                                                          "checking them")
     args = ap.parse_args(argv)
-    fresh, wrong = disagreements(README.read_text(encoding="utf-8"))
+    fresh, wrong = check()
+    names = ", ".join(str(path.relative_to(ROOT)) for path in fresh)
     if args.write:
-        README.write_text(fresh, encoding="utf-8")
-        print(f"README.md: {len(wrong)} block(s) rewritten" + (f": {', '.join(wrong)}" if wrong else ""))
+        for path, text in fresh.items():
+            if text != path.read_text(encoding="utf-8"):
+                path.write_text(text, encoding="utf-8")
+        print(f"{names}: {len(wrong)} block(s) rewritten or missing" + (f": {', '.join(wrong)}" if wrong else ""))
         return 0
     if wrong:
-        print(f"README.md disagrees with what the commands print: {', '.join(wrong)}; "
+        print(f"the quoted figures disagree with what the commands print: {', '.join(wrong)}; "
               "run python -m bench.readme_figures --write", file=sys.stderr)
         return 1
-    print("README.md: every quoted figure is what the commands print")
+    print(f"{names}: every quoted figure is what the commands print")
     return 0
 
 
