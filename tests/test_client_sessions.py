@@ -95,3 +95,33 @@ def test_the_compaction_request_class_alone_leaves_the_request_to_the_client(pro
     assert "<agent_status>" not in last_sent(upstream)
     post(proxy, body, **{"x-claude-code-session-id": "cc-class", "x-claude-code-request-class": "main"})
     assert "<agent_status>" in last_sent(upstream)
+
+
+def test_two_interleaved_conversations_with_one_opening_are_two_sessions_without_a_cache_break(proxy, upstream):
+    """No session header, no body name: two agents on one task (one system prompt, one first message) take turns.
+    Each continues its own history; neither is counted as editing the other's, and the provider's cached tokens
+    are never more than the proxy says could have been cached."""
+    opening = [{"role": "system", "content": "You are a careful engineer. " * 300},
+               {"role": "user", "content": "Find the failing test and fix it."}]
+    tools = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object", "properties": {}}}}]
+    auth = {"authorization": "Bearer sk-twins"}
+    histories = {"a": list(opening), "b": list(opening)}
+    sessions: dict[str, list[str]] = {"a": [], "b": []}
+    breaks = []
+    for turn_no in range(5):
+        for name, history in histories.items():
+            r = proxy.post("/v1/chat/completions", headers=auth,
+                           json={"model": "gpt-4o", "messages": history, "tools": tools})
+            assert r.status_code == 200, r.text
+            sessions[name].append(r.headers["x-ctxproxy-session"])
+            breaks.append(r.headers.get("x-ctxproxy-cache-break"))
+            call = {"id": f"call_{name}{turn_no}", "type": "function",
+                    "function": {"name": "shell", "arguments": json.dumps({"cmd": f"{name} step {turn_no}"})}}
+            history += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                        {"role": "tool", "tool_call_id": call["id"], "content": f"output of {name} {turn_no}"}]
+    assert len(set(sessions["a"][1:])) == 1 and len(set(sessions["b"][1:])) == 1
+    assert sessions["a"][-1] != sessions["b"][-1]
+    assert breaks == [None] * len(breaks)
+    stats = proxy.get("/ctx/v1/stats", headers=auth).json()
+    totals = stats["totals"]["all"]
+    assert totals["breaks"] == 0 and 0 < totals["efficiency"] <= 1.0, totals

@@ -78,4 +78,4 @@ def test_tenant_is_a_keyed_hash_never_the_key():
     t = tenant_id("sk-secret-value", "salt")
     assert "sk-secret" not in t and t == tenant_id("sk-secret-value", "salt") != tenant_id("sk-secret-value", "salt2")
     conv = Conversation.parse(b'{"messages": [{"role": "user", "content": "x"}]}', CHAT)
-    assert session_id({}, t, route, conv) != session_id({}, tenant_id("other", "salt"), route, conv)
+    assert session_id({}, t, route, conv)[0] != session_id({}, tenant_id("other", "salt"), route, conv)[0]

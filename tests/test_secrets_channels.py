@@ -184,6 +184,7 @@ def test_serve_start_up_line_and_starting_log_line(monkeypatch, capsys):
     import uvicorn
 
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **k: None)  # serve binds, then runs the server: not here
     names = (logs.LOGGER_NAME, "uvicorn", "uvicorn.error")
     saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level, logging.getLogger(n).propagate)
              for n in names}

@@ -181,7 +181,9 @@ def test_a_growing_agent_run_is_rewritten_the_same_warm_or_cold(twin: Twin) -> N
         twin.send(history[:n - 1] + [{"role": "user", "content": f"variant {n}"}])  # a new last message
     twin.assert_same_accounting()
     warm = twin.warm.state.memo
-    assert len(warm) == 1 and warm.bytes > 0
+    # the run, and each variant of a last message as a branch of its own (a conversation the run does not continue)
+    sessions = sorted(session for _, session in warm._snaps)
+    assert all(s.startswith(sessions[0] + ".") for s in sessions[1:]) and warm.bytes > 0, sessions
 
 
 def test_an_edit_in_the_middle_and_a_truncated_history_are_recomputed(twin: Twin) -> None:

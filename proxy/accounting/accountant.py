@@ -100,6 +100,10 @@ class Accountant:
                            tool_names=conv.wire.tool_names(tools), tool_tokens=conv.head_tokens(),
                            compaction=compaction, prefix=conv.digest(prefix) if prefix is not None else b"")
 
+    async def branch(self, tenant: str, session: str, model: str | None, raw: list[bytes]) -> str:
+        """The branch of a session derived from its opening that a request belongs to (Previous.branch)."""
+        return await self._previous.branch(tenant, session, model, raw)
+
     async def check(self, ctx: RequestContext, conv: Conversation, trace: PrefixTrace) -> PrefixCheck:
         """This request against the earlier one it could reuse a cached prefix of (proxy/accounting/previous.py);
         not measured when the provider holds the history (previous_response_id): the prompt is not all here."""
@@ -152,12 +156,14 @@ class Accountant:
     def _entry(self, ctx: RequestContext, conv: Conversation, trace: PrefixTrace, check: PrefixCheck, o: Outcome,
                f: Figures, rounds: Rounds | None, read: ReadBack) -> dict[str, Any]:
         u, ok = o.usage, o.accepted
+        cacheable = self.cacheable(conv, trace, check, ok, o.status, rounds)
         return {
             "ts": round(time.time(), 3), "request_id": ctx.request_id, "kind": "turn", "route": ctx.route.name,
             "model": ctx.model, "status": o.status, "error": o.error, "stream": ctx.stream, "accepted": ok,
             "prompt": u.prompt if u else None, "cached": u.cached if u else None,
             "completion": u.completion if u else None,
-            "cacheable": self.cacheable(conv, trace, check, ok, o.status, rounds), "previous": check.previous,
+            "cacheable": cacheable, "previous": check.previous,
+            "cacheable_billed": _billed(cacheable, u.prompt if u else None, _counted_prompt(conv, trace, rounds)),
             "break": expiry_cause(check, u.cached if u else None) if ok and check.measured else None,
             "output_reserve": f.reserve, **f.compaction_sizes(),
             "offloaded": f.placeholders, "offloaded_new": len(f.offloads_new),
@@ -211,6 +217,7 @@ class Accountant:
             "cached": e["cached"] or 0, "reported_prompt": (e["prompt"] or 0) if e["cached"] is not None else 0,
             "cacheable": e["cacheable"] or 0,
             "measured_cached": (e["cached"] or 0) if e["cacheable"] is not None else 0,
+            "cacheable_billed": e["cacheable_billed"] or 0,
             "completion": e["completion"] or 0,
             "client_tokens": e["client_tokens"] or 0, "sent_tokens": e["sent_tokens"] or 0,
             "saved_offload": e["saved_offload"] or 0, "saved_compress": e["saved_compress"] or 0,
@@ -387,3 +394,20 @@ class _Batch:
     reads: list[tuple[str, list[str]]] = field(default_factory=list)
     dropped: int = 0
 
+
+def _counted_prompt(conv: Conversation, trace: PrefixTrace, rounds: Rounds | None) -> int:
+    """The prompt tokens of every call of the turn by the proxy's count, as the provider's usage sums them: the
+    first call's, and each hidden round's (the first call's prompt and the items the rounds appended before it)."""
+    if rounds is None or not rounds.sent:
+        return trace.prompt
+    first = len(conv.messages)
+    added = conv.counts(rounds.messages[first:])
+    return trace.prompt + sum(trace.prompt + sum(added[:items - first]) for items in rounds.sent)
+
+
+def _billed(cacheable: int | None, billed_prompt: int | None, counted_prompt: int) -> int | None:
+    """The cacheable prefix in the provider's token units: the proxy's measure scaled by the provider's count of
+    the prompt over the proxy's (efficiency compares it with what the provider cached, in those units)."""
+    if not cacheable or not billed_prompt or not counted_prompt:
+        return cacheable
+    return min(billed_prompt, round(cacheable * billed_prompt / counted_prompt))

@@ -23,8 +23,10 @@ INSPECT_MAX = 100  # requests per session whose inspector record is kept (the ne
 TEXTS_MAX = 5000  # distinct texts kept per session for the inspector (a status or placeholder is stored once)
 RETENTION = 30 * 86_400  # seconds session timelines and summaries are kept
 # Counters per tenant, route, model and hour; see README "What the figures mean". `measured_cached`: the
-# cached tokens of the requests whose cacheable prefix the proxy measured (efficiency's numerator).
-FIELDS = ("requests", "errors", "prompt", "cached", "reported_prompt", "cacheable", "measured_cached", "completion",
+# cached tokens of the requests whose cacheable prefix the proxy measured (efficiency's numerator);
+# `cacheable_billed`: that prefix in the provider's token units (efficiency's denominator).
+FIELDS = ("requests", "errors", "prompt", "cached", "reported_prompt", "cacheable", "measured_cached",
+          "cacheable_billed", "completion",
           "own_calls", "own_prompt", "own_cached", "own_completion", "client_tokens", "sent_tokens", "saved_offload",
           "saved_compress", "breaks", "offloads", "compactions", "read_rounds", "handles_given", "handles_read")
 # The same counters per session (requests are counted in the session index).
@@ -58,12 +60,14 @@ def stats_prefix(tenant: str) -> str:
 def derived(t: dict[str, Any]) -> dict[str, Any]:
     """Figures that follow from the counters, the same way everywhere (stats, sessions).
 
-    `efficiency` is the raw ratio cached / cacheable, never clamped: above 1 it says the provider
-    served more from its cache than the proxy measured as repeated (its tokenizer counts a few
-    percent more than the proxy's count, or a prefix came from outside what the proxy compares).
+    `efficiency` is cached / cacheable with both in the provider's token units (`cacheable_billed`: the
+    proxy's measure of the repeated prefix scaled by the provider's count of the prompt over the proxy's), so a
+    session cached exactly as it could be reads 100%, not the few percent more the provider's tokenizer counts;
+    counters from before that field compare with the proxy's own count. Never clamped: above 1 a prefix came
+    from outside what the proxy compares.
     """
     saved = t.get("client_tokens", 0) - t.get("sent_tokens", 0)
-    given, cacheable = t.get("handles_given", 0), t.get("cacheable", 0)
+    given, cacheable = t.get("handles_given", 0), t.get("cacheable_billed") or t.get("cacheable", 0)
     return {"saved_tokens": saved,
             "added_tokens": t.get("saved_offload", 0) + t.get("saved_compress", 0) - saved,
             "readback_rate": round(t.get("handles_read", 0) / given, 4) if given else None,

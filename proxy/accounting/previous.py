@@ -29,6 +29,7 @@ from proxy.accounting.prefix_check import PrefixCheck, PrefixTrace, compare
 from proxy.lru import LRU
 from proxy.store import Store, StoreError
 from proxy.store.keys import session_key, tenant_key
+from proxy.tokens.prefix import common_prefix
 
 TRACES_CACHED = 1_000  # (tenant, session, model) traces kept in process
 
@@ -86,6 +87,26 @@ class Previous:
         if opening is None:
             return PrefixCheck(0, 0, None)
         return PrefixCheck(compare(opening, cur).cacheable, 0, None)
+
+    async def branch(self, tenant: str, session: str, model: str | None, raw: list[bytes]) -> str:
+        """The session a request of a session derived from its opening belongs to (`raw`: its messages' digests).
+
+        Two conversations with one opening (parallel attempts at one task, a benchmark harness) derive one
+        session; a request that does not continue the session's previous one to its model is another
+        conversation: the branch named after the session and its messages up to the first that differs, so every
+        request of that conversation finds the same branch, on any replica. A request the previous one
+        continues (a retry, a rewind) stays.
+        """
+        prev = await self._get(trace_key(tenant, session, model))
+        if prev is None:
+            return session
+        k = common_prefix(prev.raw, raw)
+        if k >= len(prev.raw) or k >= len(raw):
+            return session
+        h = hashlib.blake2b(session.encode(), digest_size=6)
+        for d in raw[:k + 1]:
+            h.update(d)
+        return f"{session}.{h.hexdigest()}"
 
     def last(self, tenant: str, session: str, model: str | None) -> PrefixTrace | None:
         """The session's previous trace for the model, if this process holds it (for the inspector's texts)."""

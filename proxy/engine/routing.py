@@ -164,18 +164,22 @@ def request_class(headers: Mapping[str, str]) -> str | None:
     return value or None
 
 
-def session_id(headers: Mapping[str, str], tenant: str, route: Route, conv: Conversation) -> str:
+def session_id(headers: Mapping[str, str], tenant: str, route: Route, conv: Conversation) -> tuple[str, bool]:
+    """The request's session, and whether it was derived from the conversation's opening (no name anywhere: two
+    conversations with one opening derive the same, and the engine tells them apart, Previous.branch)."""
     given = headers.get(SESSION_HEADER)
     if given is not None:
         given = given.strip()
         if not _valid_session(given):
             raise BadRequest(f"X-Session-Id must be 1-{_MAX_SESSION_ID} printable characters", param="X-Session-Id")
-        return given
-    session = _agent_session(headers) or _derived(tenant, route, conv)
+        return given, False
+    session = _agent_session(headers)
+    opening = session is None and conv.wire.session_hint(conv.body) is None
+    session = session or _derived(tenant, route, conv)
     agent = headers.get(AGENT_ID_HEADER, "").strip()
     if request_class(headers) == "subagent" and agent:  # its own history, tied to its parent's by name
         session = f"{session}/agent-{agent}"[:_MAX_SESSION_ID]
-    return session
+    return session, opening
 
 
 def _derived(tenant: str, route: Route, conv: Conversation) -> str:

@@ -10,6 +10,7 @@ client's error response (accounting a request that reached the upstream).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -180,14 +181,20 @@ async def context(st: ProxyState, inbound: Inbound, conv: Conversation, run: Req
     k = run.known
     k.model = conv.model
     try:
-        ctx = await _context(st, inbound, conv, run.request_id, run.trace)
+        ctx, opening = await _context(st, inbound, conv, run.request_id, run.trace)
     except Exception:
         await loop_free.check(conv)  # a bad body is reported first, as it always has been
         raise
+    known = st.memo.recall(ctx.tenant, ctx.session, conv)
+    if opening:  # derived from the opening alone: another conversation with that opening is a branch of its own
+        await conv.prepare_digests()
+        branch = await st.accounting.branch(ctx.tenant, ctx.session, ctx.model, conv.digests(conv.client_messages))
+        if branch != ctx.session:
+            ctx = dataclasses.replace(ctx, session=branch)
     k.route, k.tenant, k.session = ctx.route.name, ctx.tenant, ctx.session
     # from here a refusal is in the session's timeline: its answer names the session as a turn's does
     run.headers.update({"x-ctxproxy-route": ctx.route.name, "x-ctxproxy-session": ctx.session})
-    await loop_free.check(conv, st.memo.recall(ctx.tenant, ctx.session, conv))
+    await loop_free.check(conv, known)
     run.ctx, run.conv = ctx, conv
     run.log.update(route=ctx.route.name, model=ctx.model, session=ctx.session, tenant=ctx.tenant, stream=ctx.stream,
                    messages=len(conv.messages), bytes_in=len(conv.raw))
@@ -195,8 +202,9 @@ async def context(st: ProxyState, inbound: Inbound, conv: Conversation, run: Req
 
 
 async def _context(st: ProxyState, inbound: Inbound, conv: Conversation, request_id: str,
-                   trace: RequestTrace) -> RequestContext:
-    """The headers are read into a dict once (the first value of a repeated name wins)."""
+                   trace: RequestTrace) -> tuple[RequestContext, bool]:
+    """The context, and whether its session was derived from the opening (routing.session_id). The headers are
+    read into a dict once (the first value of a repeated name wins)."""
     model = conv.model
     items = inbound.headers
     headers = dict(reversed(items))
@@ -206,8 +214,8 @@ async def _context(st: ProxyState, inbound: Inbound, conv: Conversation, request
     tenant = tenant_id(api_key_of(headers), st.settings.tenant_salt)
     window = context_window(st.settings, model, route.context_window)
     learned = await st.windows.get(tenant, route.name, model)
-    return RequestContext(request_id=request_id, route=route, tenant=tenant,
-                          session=session_id(headers, tenant, route, conv), model=model,
+    session, opening = session_id(headers, tenant, route, conv)
+    return RequestContext(request_id=request_id, route=route, tenant=tenant, session=session, model=model,
                           stream=conv.wire.is_stream(conv.body), store=st.store,
                           archive_quota=st.settings.store_quota_bytes,
                           window=min(window, learned or window), upstream=st.upstream,
@@ -215,7 +223,7 @@ async def _context(st: ProxyState, inbound: Inbound, conv: Conversation, request
                           own_calls=RequestOwnCalls(st.accounting.own_call), trace=trace,
                           shared=st.accounting.shared,
                           client_compacts=request_class(headers) == "compaction"
-                          or conv.wire.client_compacts(conv.body))
+                          or conv.wire.client_compacts(conv.body)), opening
 
 
 @dataclass
