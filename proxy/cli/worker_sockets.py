@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+from typing import Any
 
 from uvicorn.config import STARTUP_FAILURE, Config
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
@@ -64,14 +65,7 @@ def bind_addresses(host: str, port: int) -> list[socket.socket]:
     try:
         infos = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
         for family, kind, proto, _, addr in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            out.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:  # each family its own socket, as asyncio does
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(addr)
-            sock.listen(BACKLOG)
-            sock.set_inheritable(True)
+            _listen(out, socket.socket(family, kind, proto), addr, v6only=family == socket.AF_INET6)
     except OSError as exc:
         _close(out)
         raise _cannot(host, port, exc) from None
@@ -93,19 +87,28 @@ def bind_sockets(host: str, port: int, n: int) -> list[socket.socket]:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind((host, port))
         for _ in range(n if hasattr(socket, "SO_REUSEPORT") else 1):
-            sock = socket.socket(family=family)
-            out.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if hasattr(socket, "SO_REUSEPORT"):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, port))
-            port = sock.getsockname()[1]
-            sock.listen(BACKLOG)
-            sock.set_inheritable(True)
+            port = _listen(out, socket.socket(family=family), (host, port), share=hasattr(socket, "SO_REUSEPORT"))
     except OSError as exc:
         _close(out)
         raise _cannot(host, port, exc) from None
     return out
+
+
+def _listen(out: list[socket.socket], sock: socket.socket, addr: tuple[Any, ...], *, share: bool = False,
+            v6only: bool = False) -> int:
+    """`sock` kept in `out`, bound to `addr` (`share`: with SO_REUSEPORT; `v6only`: IPv6 alone, as asyncio binds
+    each family of a name its own socket), listening and inheritable by the workers; returns its port."""
+    out.append(sock)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if v6only:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    if share:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(addr)
+    sock.listen(BACKLOG)
+    sock.set_inheritable(True)
+    port: int = sock.getsockname()[1]
+    return port
 
 
 def log_listening(config: Config, sockets: list[socket.socket]) -> None:
