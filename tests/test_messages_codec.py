@@ -140,7 +140,7 @@ def test_a_messages_request_finds_the_route_whose_upstream_speaks_anthropic():
     gateway = build_settings({"upstream": {"base_url": "http://litellm:4000/v1"}}, env={})
     assert resolve_route(gateway, None, {}, "claude-x", "anthropic").name == "default"  # speaks both
     only_openai = build_settings({}, env={})
-    with pytest.raises(BadRequest, match="add a route with upstream.api: anthropic"):
+    with pytest.raises(BadRequest, match=r"add a route whose upstream speaks it \(upstream.api: anthropic\)"):
         resolve_route(only_openai, None, {}, "claude-x", "anthropic")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 
@@ -79,3 +81,20 @@ def test_tenant_is_a_keyed_hash_never_the_key():
     assert "sk-secret" not in t and t == tenant_id("sk-secret-value", "salt") != tenant_id("sk-secret-value", "salt2")
     conv = Conversation.parse(b'{"messages": [{"role": "user", "content": "x"}]}', CHAT)
     assert session_id({}, t, route, conv)[0] != session_id({}, tenant_id("other", "salt"), route, conv)[0]
+
+
+def test_check_and_a_request_tell_one_story_for_messages_without_a_route(tmp_path, upstream):
+    """No route speaks the Messages API: `ctxproxy check` prints, word for word, the 400 a request would get."""
+    from cli_main import run_main
+    from proxy_server import InProcessProxy, make_settings
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("routes:\n  - name: default\n    upstream: {base_url: 'https://api.openai.com/v1'}\n")
+    done = run_main("check", "--offline", "--config", str(cfg),
+                    env={**{k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}})
+    line = next(x for x in done.stdout.splitlines() if x.startswith("/v1/messages without a route"))
+    with InProcessProxy(make_settings("https://api.openai.com/v1", f"sqlite:///{tmp_path}/r.db")) as p:
+        r = p.post("/v1/messages", json={"model": "claude-x", "max_tokens": 10,
+                                         "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["message"] in line, (line, r.text)
+    assert "upstream.api: anthropic" in line

@@ -81,12 +81,11 @@ def check(settings: Settings, offline: bool = False) -> int:
             print(line)
     for dialect in dict.fromkeys(a.codec.dialect for a in APIS):
         api, path = dialect.name, ", ".join(a.path for a in APIS if a.codec.dialect is dialect)
-        try:
-            taker = resolve_route(settings, None, {}, None, api).name
-        except ProxyError:
-            taker = None
-        print(f"{path} without a route: " + (f"route {taker}" if taker else
-              f"refused (no route's upstream speaks the {api} API; set upstream.api on one)"))
+        try:  # what a request there would be told, word for word
+            said = f"route {resolve_route(settings, None, {}, None, api).name}"
+        except ProxyError as refused:
+            said = f"refused with 400: {refused.message}"
+        print(f"{path} without a route: {said}")
     warnings = config_warnings(settings)
     warnings += [f"route {r.name}: upstream {r.upstream.base_url} is unreachable: {why}; its requests will fail "
                  f"with 502 until it answers" for r in settings.routes if (why := reached.get(r.upstream.base_url))]

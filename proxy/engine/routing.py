@@ -94,7 +94,8 @@ def _wrong_api(settings: Settings, route: Route, api: API | None) -> BadRequest:
     speaks = route.upstream.speaks() or ""
     takers = [r.name for r in settings.routes if _takes(r, api)]
     hint = (f"use route {takers[0]!r} (/r/{takers[0]}/v1)" if takers
-            else f"add a route with upstream.api: {api} in config.yaml")
+            else f"add a route whose upstream speaks it (upstream.api: {api}) in config.yaml, as the shipped "
+                 f"config.yaml's `anthropic` route does for the Messages API")
     return BadRequest(f"route {route.name!r} forwards to {route.upstream.base_url}, which speaks "
                       f"{names.get(speaks, speaks)}, not {names.get(api or '', api)}; ctxproxy does not translate "
                       f"between APIs: {hint}", code="wrong_api")
