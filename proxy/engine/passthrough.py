@@ -48,7 +48,7 @@ async def _passthrough(st: ProxyState, inbound: Inbound, wire: Codec, upstream_p
     log: dict[str, object] = {"request_id": rid, "method": inbound.method, "path": inbound.path}
     k = inbound.known  # its answer is counted as it starts (proxy/http/answers.py)
     k.kind, k.request_id = "passthrough", rid
-    headers = dict(reversed(inbound.headers))
+    headers = inbound.header_map()
     try:
         body = await inbound.read()
         k.model = _model_of(body, headers.get("content-type", ""))

@@ -79,6 +79,10 @@ class Inbound:
     transport: str = "http"  # or "websocket": one turn of a socket
     known: Known = field(default_factory=Known)
 
+    def header_map(self) -> dict[str, str]:
+        """The headers by name, the first value of a repeated name winning (as Starlette's Headers.get)."""
+        return dict(reversed(self.headers))
+
 
 @dataclass
 class Answer:
@@ -92,7 +96,6 @@ class Answer:
     content: bytes = b""
     chunks: AsyncIterator[bytes] | None = None
     then: Callable[[], None] | None = None
-    error: ProxyError | None = None  # the proxy's own refusal: `content` is it in the client's API shape
 
 
 def refusal(err: ProxyError, wire: Codec, headers: dict[str, str] | None = None) -> Answer:
@@ -100,7 +103,7 @@ def refusal(err: ProxyError, wire: Codec, headers: dict[str, str] | None = None)
     own = dict(headers or {})
     if isinstance(err, RequestTimeout):  # the rest of the request may still trickle in: not worth reading
         own["connection"] = "close"
-    return Answer(err.status, [(b"content-type", b"application/json")], own, wire.error_body(err), error=err)
+    return Answer(err.status, [(b"content-type", b"application/json")], own, wire.error_body(err))
 
 
 @dataclass
@@ -207,7 +210,7 @@ async def _context(st: ProxyState, inbound: Inbound, conv: Conversation, request
     read into a dict once (the first value of a repeated name wins)."""
     model = conv.model
     items = inbound.headers
-    headers = dict(reversed(items))
+    headers = inbound.header_map()
     route = resolve_route(st.settings, inbound.route, headers, model, conv.wire.dialect.name)
     if route.upstream.api_key_env:
         require_proxy_host(headers, st.settings.server, INJECTS_KEY)

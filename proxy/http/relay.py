@@ -10,10 +10,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from proxy.config import ServerSettings
+from proxy.engine.run import refusal
 from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, RequestTimeout
 from proxy.http.content_coding import IDENTITY, Decoder, decoder_for
 from proxy.wire.apis import codec_for
-from proxy.wire.chat.codec import CHAT
 from proxy.wire.codec import Codec
 
 JSON = "application/json"
@@ -85,11 +85,10 @@ def client_codec(request: Request) -> Codec:
     return codec_for(request.scope["path"], request.headers)
 
 
-def error_response(err: ProxyError, wire: Codec | None, headers: dict[str, str] | None = None) -> Response:
-    """The proxy's own error, in the shape of the API the client speaks (its codec's; OpenAI's if none)."""
-    if isinstance(err, RequestTimeout):  # the rest of the request may still trickle in: not worth reading
-        headers = {**(headers or {}), "connection": "close"}
-    return Response((wire or CHAT).error_body(err), status_code=err.status, media_type=JSON, headers=headers)
+def error_response(err: ProxyError, wire: Codec) -> Response:
+    """The proxy's own error, in the shape of the API the client speaks: the engine's refusal, framed."""
+    answer = refusal(err, wire)
+    return Response(answer.content, status_code=answer.status, media_type=JSON, headers=answer.headers)
 
 
 Own = dict[str, str] | list[tuple[str, str]]  # the proxy's own response headers (x-ctxproxy-*)
