@@ -49,6 +49,7 @@ from starlette.responses import Response, StreamingResponse
 
 try:  # imported as tests.mock_upstream (benchmarks) or mock_upstream (pytest rootdir)
     from . import _mock_agent as ag
+    from . import _mock_gemini_wire as gw
     from . import _mock_messages_prompt as ap
     from . import _mock_messages_wire as aw
     from . import _mock_prompt as mp
@@ -57,6 +58,7 @@ try:  # imported as tests.mock_upstream (benchmarks) or mock_upstream (pytest ro
     from . import _mock_stream as ms
 except ImportError:
     import _mock_agent as ag  # type: ignore[no-redef]
+    import _mock_gemini_wire as gw  # type: ignore[no-redef]
     import _mock_messages_prompt as ap  # type: ignore[no-redef]
     import _mock_messages_wire as aw  # type: ignore[no-redef]
     import _mock_prompt as mp  # type: ignore[no-redef]
@@ -303,6 +305,8 @@ class MockUpstream:
             return self._messages(rec, first_delay, chunk_delay)
         if key == ("POST", "/v1/messages/count_tokens"):
             return self._messages_count_tokens(rec)
+        if gw.handles(rec.path):  # Google's Gemini API, /v1beta/ and /v1/models/{model}:method (_mock_gemini_wire.py)
+            return gw.serve(self, rec, first_delay, chunk_delay)
         if rec.path == "/v1/messages" or rec.path.startswith("/v1/messages/"):
             return self._messages_error(aw.ERROR_STATUS["not_found_error"], "not_found_error", "Not Found")
         return self._json(404, ms.error_body(f"Invalid URL ({rec.method} {rec.path})"))
