@@ -4,7 +4,9 @@
 the request a client sent, it answers the way a model working a task would:
 with a call of the client's *own* shell tool, found by name in the request's
 `tools` (Codex's `exec_command`, `shell_command` or `shell`; Claude Code's
-`Bash`), whose command prints a big output, `calls` times, then a final text.
+`Bash`; Gemini CLI's `run_shell_command`, among a Gemini request's
+`functionDeclarations`), whose command prints a big output, `calls` times,
+then a final text.
 The client runs each command for real and sends its output back, so the
 history grows by one large tool result per turn, as in a real session.
 
@@ -33,16 +35,23 @@ SHELL_TOOLS: dict[str, Callable[[str], dict[str, Any]]] = {
     "shell_command": lambda cmd: {"command": cmd},  # Codex's string-command shell
     "shell": lambda cmd: {"command": ["bash", "-lc", cmd]},  # Codex's argv shell
     "Bash": lambda cmd: {"command": cmd, "description": "Print a long listing"},  # Claude Code
+    # Gemini CLI: {command, description, dir_path?, is_background?, delay_ms?}, only `command` required
+    "run_shell_command": lambda cmd: {"command": cmd, "description": "Print a long listing"},
 }
 _NO_TOOLS = re.compile(r"\bdo not (?:call|use) (?:any )?tools?\b", re.IGNORECASE)
 _HEADING = re.compile(r"## ([A-Z][^,.\n#]*[^,.\n# ])")
 
 
 def tool_names(body: dict[str, Any]) -> list[str]:
-    """Every function tool's name in a Chat, Responses or Messages request (Responses namespaces included)."""
+    """Every function tool's name in a Chat, Responses, Messages or Gemini request (Responses namespaces included;
+    a Gemini tool's `functionDeclarations`)."""
     names: list[str] = []
     for tool in body.get("tools") or []:
         if not isinstance(tool, dict):
+            continue
+        decls = tool.get("functionDeclarations", tool.get("function_declarations"))
+        if isinstance(decls, list):
+            names += [d["name"] for d in decls if isinstance(d, dict) and isinstance(d.get("name"), str)]
             continue
         fn = tool.get("function")
         name = fn.get("name") if isinstance(fn, dict) else tool.get("name")
@@ -61,9 +70,20 @@ def _texts(content: Any) -> list[str]:
             and p.get("type") in ("text", "input_text", None)]
 
 
+def _gemini_texts(content: Any) -> list[str]:
+    """A Gemini content's text parts (not its thoughts); a functionResponse carries no instruction."""
+    parts = content.get("parts") if isinstance(content, dict) else None
+    return [p["text"] for p in parts or [] if isinstance(p, dict) and isinstance(p.get("text"), str)
+            and not p.get("thought")]
+
+
 def last_user_texts(body: dict[str, Any]) -> list[str]:
-    """The texts of the request's last user turn: the trailing non-assistant messages (Chat, Responses) or the
-    last user message and the system messages after it (Messages); tool results carry no instruction."""
+    """The texts of the request's last user turn: the trailing non-assistant messages (Chat, Responses), the
+    last user message and the system messages after it (Messages), or the last content if it is the user's
+    (Gemini); tool results carry no instruction."""
+    if isinstance(body.get("contents"), list):
+        last = body["contents"][-1] if body["contents"] else None
+        return _gemini_texts(last) if isinstance(last, dict) and last.get("role", "user") == "user" else []
     items = body.get("input") if isinstance(body.get("input"), list) else body.get("messages")
     if isinstance(body.get("input"), str):
         return [body["input"]]
@@ -106,7 +126,9 @@ class ShellAgent:
         with self._lock:
             if tool is None or _NO_TOOLS.search(asked):
                 self.summaries += 1
-                instruction = asked if tool is not None else "\n".join(_texts(body.get("system"))) + asked
+                system = _texts(body.get("system")) + _gemini_texts(
+                    body.get("systemInstruction", body.get("system_instruction")))
+                instruction = asked if tool is not None else "\n".join(system) + asked
                 return summary_text(instruction, self.made)
             if self.made >= self.calls:
                 return self.final
