@@ -379,6 +379,53 @@ def test_compressed_rows_are_applied_and_hashes_bring_the_retrieve_tool(
     assert tool == {"role": "tool", "tool_call_id": tool_call["id"], "content": ORIGINAL}
 
 
+def test_a_streamed_chat_runs_the_round_trip_upstream_unstreamed(
+        gateway: LiteLLMGateway, upstream: MockUpstream, fake: FakeHeadroom) -> None:
+    fake.compress = lambda body: (200, {"messages": body["messages"], "ccr_hashes": [HASH]})
+    fake.originals[HASH] = ORIGINAL
+    upstream.script({"tool_calls": [{"name": "headroom_retrieve", "arguments": {"hash": HASH}}]}, "streamed answer")
+    stream = chat_client(gateway).chat.completions.create(
+        model="agent-model", messages=AGENT_SESSION, tools=[SHELL_TOOL], stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "streamed answer"
+    # with the retrieve tool offered, LiteLLM asks the model without streaming and streams the result itself
+    assert [c.get("stream") for c in chat_calls(upstream)] == [None, None]
+    assert [(s.method, s.path, s.query) for s in fake.seen] == [
+        ("POST", "/v1/compress", {}), ("GET", f"/v1/retrieve/{HASH}", {})]
+
+
+def test_messages_endpoint_runs_the_round_trip_in_anthropic_blocks(
+        gateway: LiteLLMGateway, upstream: MockUpstream, fake: FakeHeadroom) -> None:
+    def compress(body: dict[str, Any]) -> tuple[int, Any]:
+        rows = [dict(m, content=MARKER) if m.get("tool_call_id") == "toolu_1" else m for m in body["messages"]]
+        return 200, {"messages": rows, "ccr_hashes": [HASH]}
+
+    fake.compress = compress
+    fake.originals[HASH] = ORIGINAL
+    upstream.script({"tool_calls": [{"name": "headroom_retrieve", "arguments": {"hash": HASH}}]}, "final")
+    client = anthropic.Anthropic(base_url=gateway.url, api_key=gateway.master_key, max_retries=0, timeout=30)
+    with client.messages.stream(
+            model=gateway.anthropic_models[0], max_tokens=64,
+            tools=[{"name": "shell", "input_schema": {"type": "object", "properties": {}}}],
+            messages=[
+                {"role": "user", "content": "U1"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "shell", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "R1"}]},
+                {"role": "assistant", "content": "A2"},
+                {"role": "user", "content": "U3"},
+            ]) as stream:
+        final = stream.get_final_message()
+    assert [b.text for b in final.content if b.type == "text"] == ["final"]
+    first, second = [r.json for r in upstream.requests if r.path == "/v1/messages"]
+    assert first["stream"] is True and second["stream"] is True
+    assert [t["name"] for t in first["tools"]] == ["shell", "headroom_retrieve"]
+    assert first["messages"][2]["content"] == [{"type": "tool_result", "tool_use_id": "toolu_1", "content": MARKER}]
+    assistant, user = second["messages"][-2:]
+    (tool_use,) = assistant["content"]
+    assert (tool_use["type"], tool_use["name"], tool_use["input"]) == ("tool_use", "headroom_retrieve", {"hash": HASH})
+    assert user == {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": tool_use["id"], "content": ORIGINAL}]}
+
+
 def test_retrieve_misses_become_tool_text(gateway: LiteLLMGateway, upstream: MockUpstream, fake: FakeHeadroom) -> None:
     declared, foreign = "abcdef012345", "ffffffffffffffffffffffff"  # 12 hex is the shortest LiteLLM accepts
 
