@@ -32,7 +32,7 @@ from proxy.store.guarded import GuardedStore
 from proxy.telemetry import setup as setup_tracing
 from proxy.tokens.encodings import SHIPPED_ENCODINGS, ensure_encodings, get_encoding
 from proxy.upstream.client import Upstream
-from proxy.wire.apis import APIS
+from proxy.wire.apis import APIS, ROOTS
 
 GC_YOUNG_THRESHOLD = 10_000  # allocations between two young-generation passes (CPython's default: 700)
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -113,18 +113,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # The proxied paths are plain Starlette routes: they take the raw request, so FastAPI's per-request
     # dependency and validation machinery would be pure overhead on the hot path. The registry's APIs (APIS)
-    # come first: the router tries routes in order, and no other path starts with /v1/ or /r/, so the proxy's
+    # come first: the router tries routes in order, and no other path starts with an API's root (/v1/, /v1beta/) or
+    # /r/, so the proxy's
     # own endpoints after them answer exactly as before.
     for prefix in ("", "/r/{route}"):
         for api in APIS:
-            app.add_route(prefix + api.path, turns(api.codec), methods=["POST"])
+            app.add_route(prefix + api.path, count_tokens(api.codec) if api.counts else turns(api.codec),
+                          methods=["POST"])
     for prefix in ("", "/r/{route}"):
         for api in APIS:
-            if api.count_path is not None:
-                app.add_route(prefix + api.count_path, count_tokens, methods=["POST"])
             if api.websocket:
                 app.add_api_websocket_route(prefix + api.path, responses_websocket)
-        app.add_route(prefix + "/v1/{path:path}", passthrough, methods=ALL_METHODS)
+        for root in ROOTS:
+            app.add_route(prefix + root + "/{path:path}", passthrough, methods=ALL_METHODS)
     app.add_api_route("/healthz", healthz, methods=["GET"])
     app.add_api_route("/readyz", readyz, methods=["GET"])
     app.add_api_route("/metrics", ctx_api.metrics, methods=["GET"])

@@ -79,8 +79,8 @@ class UpstreamSettings(_Strict):
 
     base_url: str = DEFAULT_UPSTREAM
     # The API the upstream speaks, a dialect's name (proxy/wire/dialects.py): "openai" (Chat Completions,
-    # Responses) or "anthropic" (Messages). Null: inferred from the host (api.openai.com, api.anthropic.com),
-    # else any (a gateway such as LiteLLM).
+    # Responses), "anthropic" (Messages) or "google" (Gemini). Null: inferred from the host (api.openai.com,
+    # api.anthropic.com, *.googleapis.com), else any (a gateway such as LiteLLM).
     api: str | None = None
     # None: forward the client's Authorization header. Otherwise the name of an
     # environment variable holding the key the proxy injects instead.

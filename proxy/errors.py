@@ -36,6 +36,19 @@ def anthropic_error_body(message: str, status: int, type_: str | None = None) ->
     return orjson.dumps({"type": "error", "error": {"type": type_, "message": message}})
 
 
+# Google's canonical status names by HTTP status (cloud.google.com/apis/design/errors), as its error bodies say them.
+_GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+                  408: "DEADLINE_EXCEEDED", 409: "ABORTED", 413: "INVALID_ARGUMENT", 415: "INVALID_ARGUMENT",
+                  429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED",
+                  502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+
+
+def google_error_body(message: str, status: int) -> bytes:
+    """Google's error envelope, which the Gemini SDKs and Gemini CLI parse: `{"error": {code, message, status}}`."""
+    return orjson.dumps({"error": {"code": status, "message": message,
+                                   "status": _GOOGLE_STATUS.get(status, "UNKNOWN")}})
+
+
 class ProxyError(Exception):
     """An error the proxy answers itself; subclasses fix status, type and code."""
 
@@ -55,6 +68,9 @@ class ProxyError(Exception):
 
     def anthropic_body(self) -> bytes:
         return anthropic_error_body(self.message, self.status)
+
+    def google_body(self) -> bytes:
+        return google_error_body(self.message, self.status)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = orjson.loads(self.body())

@@ -39,8 +39,9 @@ def test_route_upstream_inherits_and_overrides_global():
 
 def test_shipped_example_config_is_valid():
     s = load_settings("config.yaml", env={})
-    assert {r.name for r in s.routes} == {"local", "anthropic", "default"}
+    assert {r.name for r in s.routes} == {"local", "anthropic", "gemini", "default"}
     assert s.route("anthropic").upstream.speaks() == "anthropic" and s.route("default").upstream.speaks() == "openai"
+    assert s.route("gemini").upstream.speaks() == "google"
 
 
 @pytest.mark.parametrize("raw,where", [

@@ -596,7 +596,7 @@ def test_the_replays_routes_keep_the_api_they_forward(tmp_path):
     sim = "http://127.0.0.1:1/v1"
     shipped = proxy_settings(str(ROOT / "config.yaml"), sim, str(tmp_path), ["m"], 32000, True, ["anthropic"])
     assert {r.name: r.upstream.api for r in shipped.routes} == {"default": "openai", "local": None,
-                                                                "anthropic": "anthropic"}
+                                                                "anthropic": "anthropic", "gemini": "google"}
     assert all(r.upstream.base_url == sim for r in shipped.routes)
     # Claude Code's bare /v1/messages takes the Anthropic route, as against the real providers
     assert resolve_route(shipped, None, {}, "claude-x", "anthropic").name == "anthropic"

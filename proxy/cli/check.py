@@ -80,7 +80,7 @@ def check(settings: Settings, offline: bool = False) -> int:
         for line in route_lines(settings, r):
             print(line)
     for dialect in dict.fromkeys(a.codec.dialect for a in APIS):
-        api, path = dialect.name, ", ".join(a.path for a in APIS if a.codec.dialect is dialect)
+        api, path = dialect.name, next(a.path for a in APIS if a.codec.dialect is dialect)
         try:  # what a request there would be told, word for word
             said = f"route {resolve_route(settings, None, {}, None, api).name}"
         except ProxyError as refused:

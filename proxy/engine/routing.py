@@ -23,6 +23,7 @@ import hmac
 import ipaddress
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
+from urllib.parse import unquote_plus
 
 from proxy.config import DEFAULT_ROUTE, Route, ServerSettings, Settings
 from proxy.errors import BadRequest, NotFound, ProxyError
@@ -95,7 +96,7 @@ def _wrong_api(settings: Settings, route: Route, api: API | None) -> BadRequest:
     takers = [r.name for r in settings.routes if _takes(r, api)]
     hint = (f"use route {takers[0]!r} (/r/{takers[0]}/v1)" if takers
             else f"add a route whose upstream speaks it (upstream.api: {api}) in config.yaml, as the shipped "
-                 f"config.yaml's `anthropic` route does for the Messages API")
+                 f"config.yaml's `anthropic` and `gemini` routes do")
     return BadRequest(f"route {route.name!r} forwards to {route.upstream.base_url}, which speaks "
                       f"{names.get(speaks, speaks)}, not {names.get(api or '', api)}; ctxproxy does not translate "
                       f"between APIs: {hint}", code="wrong_api")
@@ -105,13 +106,14 @@ def _wrong_api(settings: Settings, route: Route, api: API | None) -> BadRequest:
 _KEY_HEADERS = ("api-key", "x-api-key", "x-goog-api-key")
 
 
-def api_key_of(headers: Mapping[str, str]) -> str | None:
+def api_key_of(headers: Mapping[str, str], query_key: str | None = None) -> str | None:
     """The client's credentials as one string: what makes two clients distinct tenants.
 
     Any `Authorization` scheme counts (Basic, Digest, a custom one), not only
     Bearer: two users whose credentials differ must never share a tenant. A lone
     Bearer token is the token itself, so tenant ids stay what they always were.
     None only when the request carries no credentials at all (the local single-user case).
+    `query_key`: a key the client sent in the URL instead (Google's `?key=`).
     """
     auth = headers.get("authorization", "").strip()
     scheme, _, token = auth.partition(" ")
@@ -119,9 +121,22 @@ def api_key_of(headers: Mapping[str, str]) -> str | None:
         auth = token.strip()
     parts = [auth] if auth else []
     parts += [f"{name}={v}" for name in _KEY_HEADERS if (v := headers.get(name, "").strip())]
+    if query_key:
+        parts.append(f"x-goog-api-key={query_key}")  # the same tenant as the same key in Google's header
     if len(parts) == 1 and not auth:
         parts = [parts[0].split("=", 1)[1]]  # one key header alone: the key, as before
     return "\0".join(parts) or None
+
+
+def query_key(query: str, name: str | None) -> str | None:
+    """The key a client sends as the query parameter `name` (Google's clients may: `?key=`), if it does."""
+    if not name or name + "=" not in query:
+        return None
+    for pair in query.split("&"):
+        k, _, v = pair.partition("=")
+        if k == name and v:
+            return unquote_plus(v)
+    return None
 
 
 def tenant_id(api_key: str | None, salt: str) -> str:

@@ -25,6 +25,7 @@ from proxy.engine.routing import (
     INJECTS_KEY,
     api_key_of,
     injected_key,
+    query_key,
     request_class,
     require_proxy_host,
     resolve_route,
@@ -214,7 +215,8 @@ async def _context(st: ProxyState, inbound: Inbound, conv: Conversation, request
     route = resolve_route(st.settings, inbound.route, headers, model, conv.wire.dialect.name)
     if route.upstream.api_key_env:
         require_proxy_host(headers, st.settings.server, INJECTS_KEY)
-    tenant = tenant_id(api_key_of(headers), st.settings.tenant_salt)
+    key = query_key(inbound.query, conv.wire.dialect.key_query)
+    tenant = tenant_id(api_key_of(headers, key), st.settings.tenant_salt)
     window = context_window(st.settings, model, route.context_window)
     learned = await st.windows.get(tenant, route.name, model)
     session, opening = session_id(headers, tenant, route, conv)

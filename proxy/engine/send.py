@@ -59,7 +59,7 @@ async def send_upstream(st: ProxyState, query: str, conv: Conversation, ctx: Req
                         run: RequestRun, meanwhile: Meanwhile | None = None) -> Sent:
     """The request sent, and `meanwhile(conv, ctx)` done while the provider answers (`while_answered`);
     its ledger is dropped when an overflow retry sends another request."""
-    url = upstream_url(ctx.route.upstream, conv.wire.path, query)
+    url = upstream_url(ctx.route.upstream, conv.wire.upstream_path(ctx.model, ctx.stream), query)
     answered = 0.0
 
     async def send(payload: bytes, kind: str = "turn") -> httpx.Response:

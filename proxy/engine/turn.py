@@ -30,7 +30,6 @@ from proxy.rewrite.pipeline import response_loop, shape
 from proxy.state import ProxyState
 from proxy.upstream.client import iter_raw, read_answer, response_headers, upstream_url
 from proxy.wire.codec import Codec
-from proxy.wire.messages.codec import COUNT_PATH, COUNTING
 from proxy.wire.usage import Usage
 
 SSE = "text/event-stream"
@@ -42,11 +41,11 @@ async def turn(st: ProxyState, inbound: Inbound, wire: Codec) -> Answer:
     return await _traced(st, inbound, run, "turn", functools.partial(_turn, st, inbound, wire, run))
 
 
-async def count(st: ProxyState, inbound: Inbound) -> Answer:
-    """Messages' count_tokens: the provider's count of what the turn would send (`count_tokens: raw`: of what the
-    client sent)."""
-    run = RequestRun.start(inbound, COUNTING, kind="count")
-    return await _traced(st, inbound, run, "count_tokens", functools.partial(_count, st, inbound, run))
+async def count(st: ProxyState, inbound: Inbound, wire: Codec) -> Answer:
+    """A token count (Messages' count_tokens, Gemini's countTokens; `wire`: its codec): the provider's count of
+    what the turn would send (`count_tokens: raw`: of what the client sent)."""
+    run = RequestRun.start(inbound, wire, kind="count")
+    return await _traced(st, inbound, run, "count_tokens", functools.partial(_count, st, inbound, wire, run))
 
 
 async def _traced(st: ProxyState, inbound: Inbound, run: RequestRun, operation: str,
@@ -141,20 +140,20 @@ async def _whole(sent: Sent, ledger: Ledger, run: RequestRun, wire: Codec, loop:
     return Answer(status, response_headers(resp.headers, decoded=True), run.headers, content, then=account)
 
 
-async def _count(st: ProxyState, inbound: Inbound, run: RequestRun) -> Answer:
+async def _count(st: ProxyState, inbound: Inbound, wire: Codec, run: RequestRun) -> Answer:
     try:
-        conv = await parse(inbound, COUNTING, run)
+        conv = await parse(inbound, wire, run)
         ctx = await context(st, inbound, conv, run)
         if ctx.route.count_tokens == "rewritten":
             conv = await shape(st.pipelines[ctx.route.name], conv, ctx, "count")
-        url = upstream_url(ctx.route.upstream, COUNT_PATH, inbound.query)
+        url = upstream_url(ctx.route.upstream, wire.upstream_path(ctx.model, False), inbound.query)
         payload = await loop_free.to_bytes(conv)
         resp = await provider_call(st, run.trace, "count_tokens", "POST", url, ctx.upstream_headers, payload,
                                    ctx.route.upstream, ctx.model)
         content = await read_answer(resp, url)
     except ProxyError as err:
         run.finish({}, status=err.status, error=err.code)
-        return refusal(err, COUNTING, run.headers)
+        return refusal(err, wire, run.headers)
     run.headers["x-ctxproxy-count-tokens"] = ctx.route.count_tokens
     for e in conv.kinds(Degraded):  # counted on the client's own request: say why, as on /v1/messages
         run.headers["x-ctxproxy-degraded"] = e.header

@@ -1,8 +1,8 @@
 """The HTTP side of the turn engine (proxy/engine/): a request handed over as an `Inbound`, the `Answer` framed.
 
 Each API of the registry (proxy/wire/apis.py) is served at its path, and under
-`/r/{route}`: its turns (POST, answered as JSON or as an event stream), Messages'
-count_tokens, and every other /v1/* path passed through unchanged.
+`/r/{route}`: its turns (POST, answered as JSON or as an event stream), its
+token counts (Messages, Gemini), and every other path under an API's root (/v1/*, /v1beta/*) passed through unchanged.
 """
 
 from __future__ import annotations
@@ -38,15 +38,19 @@ def framed(answer: Answer) -> Response:
 
 
 def turns(wire: Codec) -> Callable[[Request], Awaitable[Response]]:
-    """The endpoint of one API's turns."""
+    """The endpoint of one API's turns (the codec bound to what the path says: Gemini's model)."""
     async def endpoint(request: Request) -> Response:
-        return framed(await turn.turn(state_of(request), inbound(request), wire))
+        return framed(await turn.turn(state_of(request), inbound(request), wire.at(request.path_params)))
     endpoint.__name__ = f"{wire.api}_turn"
     return endpoint
 
 
-async def count_tokens(request: Request) -> Response:
-    return framed(await turn.count(state_of(request), inbound(request)))
+def count_tokens(wire: Codec) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint of one API's token counts."""
+    async def endpoint(request: Request) -> Response:
+        return framed(await turn.count(state_of(request), inbound(request), wire.at(request.path_params)))
+    endpoint.__name__ = f"{wire.api}_count"
+    return endpoint
 
 
 async def passthrough(request: Request) -> Response:

@@ -20,7 +20,7 @@ written for and an approximation elsewhere:
 * every message costs :data:`TOKENS_PER_MESSAGE` (3), plus the tokens of its
   ``role`` and ``name`` strings, plus :data:`TOKENS_PER_NAME` (1) if it has a
   ``name``; every request adds :data:`REPLY_PRIMING_TOKENS` (3);
-* ``content`` may be a string, None, or a list of parts: text parts
+* ``content`` (Gemini's ``parts``) may be a string, None, or a list of parts: text parts
   (``text``/``input_text``/``output_text``) count their text, ``refusal`` parts
   their refusal, image parts a fixed estimate (:data:`IMAGE_TOKENS_LOW_DETAIL`
   for ``detail="low"``, :data:`IMAGE_TOKENS_DEFAULT` otherwise - the real cost
@@ -281,7 +281,7 @@ class TokenCounter:
         name = message.get("name")
         if name is not None:
             n += TOKENS_PER_NAME + self._n(enc, name if isinstance(name, str) else _json_text(name))
-        n += self._content_count(message.get("content"), enc)
+        n += self._content_count(message.get("content", message.get("parts")), enc)  # Gemini's: `parts`
         for key in ("reasoning_content", "refusal", "tool_call_id"):
             value = message.get(key)
             if isinstance(value, str):
@@ -310,6 +310,8 @@ class TokenCounter:
         if not isinstance(part, Mapping):
             return self._n(enc, _json_text(part))
         kind = part.get("type")
+        if kind is None and isinstance(part.get("text"), str):  # a Gemini text part (its signature is not text)
+            return self._n(enc, part["text"])
         if not isinstance(kind, str):  # a list or an object: not looked up, counted as JSON
             return self._n(enc, _json_text(part))
         if kind in _TEXT_PART_TYPES and isinstance(part.get("text"), str):

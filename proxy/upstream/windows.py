@@ -14,7 +14,8 @@ What is learned shrinks later requests, so it is learned carefully:
 - only from a genuine context-length error: the provider's own numbers
   (llama.cpp's `n_ctx` beside its `exceed_context_size_error`) or a message
   that *starts* with the provider's wording (OpenAI's and vLLM's "maximum
-  context length is N tokens", Anthropic's two), whatever the error's code.
+  context length is N tokens", Anthropic's two, Google's "The input token count (N)
+  exceeds the maximum number of tokens allowed (M)"), whatever the error's code.
   A phrase somewhere inside a message may be the client's own text echoed
   back (a field's value quoted in "Invalid value for ..."), and is never
   believed, in any wording and for any API: the rule is applied before any
@@ -87,6 +88,9 @@ _REQUESTED = re.compile(r"(?:you requested|resulted in) ([\d,]+) tokens", re.IGN
 _ANTHROPIC = re.compile(r"prompt is too long: ([\d,]+) tokens > ([\d,]+) maximum", re.IGNORECASE)
 _ANTHROPIC_BUDGET = re.compile(r"input length and `?max_tokens`? exceed context limit: ([\d,]+) \+ ([\d,]+) > ([\d,]+)",
                                re.IGNORECASE)
+# Google's (the Gemini API's), the prompt alone.
+_GOOGLE = re.compile(r"the input token count \(([\d,]+)\) exceeds the maximum number of tokens allowed \(([\d,]+)\)",
+                     re.IGNORECASE)
 # Our count of the rejected prompt may be this much lower than the provider's own tokenizer's.
 _TOKENIZER_SLACK = 1.5
 _MAX_KNOWN = 10_000  # in-process entries before the cache is dropped and re-read from the store
@@ -145,11 +149,11 @@ def overflow_limit(content: bytes, sent_tokens: int, reserve: int = 0) -> int | 
 
 
 def _anthropic_limit(message: str, sent_tokens: int, reserve: int) -> int | None:
-    """Anthropic's window, in the proxy's tokens: Claude's tokenizer is not ours, so the room for the prompt is
-    scaled by how our count of the rejected prompt compares with the provider's (else a window learned in the
+    """Anthropic's (or Google's) window, in the proxy's tokens: their tokenizers are not ours, so the room for the
+    prompt is scaled by how our count of the rejected prompt compares with the provider's (else a window learned in the
     provider's tokens would never be below the prompt as we count it, and the retry would be rejected again)."""
     ours = sent_tokens - reserve
-    if m := _ANTHROPIC.match(message):  # the prompt alone is over the window
+    if m := _ANTHROPIC.match(message) or _GOOGLE.match(message):  # the prompt alone is over the window
         theirs, window = _int(m.group(1)), _int(m.group(2))
         if theirs <= window or theirs <= 0 or ours <= 0:
             return None

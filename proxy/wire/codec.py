@@ -16,7 +16,7 @@ keyed by the same objects across requests. Byte-stable by construction.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
@@ -67,10 +67,17 @@ class Codec(Protocol):
     # True: one assistant item carries all of a turn's calls, its results follow it (chat); False: each call
     # is an item of its own, and a turn's calls (with reasoning between) come before their results (Responses).
     calls_grouped: ClassVar[bool]
-    path: ClassVar[str]  # its endpoint below the upstream's base URL, e.g. "chat/completions"
     dialect: ClassVar[Dialect]  # the provider side: which upstreams take it, how a key is sent (dialects.py)
     reads_cache_at_breakpoints: ClassVar[bool]  # the provider reads its cache only at cache_control marks
     routing_fields: ClassVar[bool]  # whether the API takes OpenAI's cache-routing fields (prompt_cache_key, ...)
+
+    def at(self, params: Mapping[str, str]) -> Codec:
+        """The codec of one request, given its path's parameters (Gemini's model is in its URL)."""
+        ...
+
+    def upstream_path(self, model: str | None, stream: bool) -> str:
+        """Its endpoint below the upstream's base URL for a call of `model`, e.g. "chat/completions"."""
+        ...
 
     # ---- the request body
     def parse(self, raw: bytes) -> Body:
@@ -165,8 +172,8 @@ class Codec(Protocol):
         """A new text message of that role (statuses, summaries, notes)."""
         ...
 
-    def result(self, call_id: str | None, text: str) -> Item:
-        """A new tool result answering `call_id`."""
+    def result(self, call_id: str | None, text: str, name: str | None = None) -> Item:
+        """A new tool result answering `call_id` (a call of the tool `name`, where the API wants it said)."""
         ...
 
     # ---- the proxy's own calls (summaries), made in the agent's API

@@ -21,6 +21,7 @@ class Dialect:
     key_header: str  # where the proxy puts an operator's key (api_key_env)
     key_scheme: str  # before the key in that header ("Bearer " or nothing)
     marker_header: str | None = None  # a header only this API's clients send
+    key_query: str | None = None  # a query parameter its clients may send their key in instead (Google's `key`)
 
     def key(self, key: str) -> tuple[str, str]:
         """The header carrying an injected key."""
@@ -31,7 +32,10 @@ OPENAI = Dialect("openai", "the OpenAI API", ("openai.com",), "authorization", "
 ANTHROPIC = Dialect("anthropic", "the Anthropic Messages API", ("anthropic.com",), "x-api-key", "",
                     marker_header="anthropic-version")
 
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (OPENAI, ANTHROPIC)}
+GOOGLE = Dialect("google", "Google's Gemini API", ("googleapis.com",), "x-goog-api-key", "",
+                marker_header="x-goog-api-client", key_query="key")
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (OPENAI, ANTHROPIC, GOOGLE)}
 
 
 def dialect_of_host(host: str) -> Dialect | None:

@@ -1,4 +1,4 @@
-"""What OpenAI's two APIs (Chat Completions, Responses) spell alike: model, stream, tools, usage in `usage`.
+"""What OpenAI's two APIs (Chat Completions, Responses) spell alike: model, stream, tools, usage in `usage`, a path.
 
 One implementation for both codecs, so the two cannot drift apart; each codec keeps
 only what its API spells its own way.
@@ -6,7 +6,8 @@ only what its API spells its own way.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
 
 import orjson
 
@@ -20,6 +21,14 @@ class OpenAIBody:
     dialect: ClassVar[Dialect] = OPENAI
     routing_fields: ClassVar[bool] = True
     reads_cache_at_breakpoints: ClassVar[bool] = False
+
+    path: ClassVar[str]  # its endpoint below the upstream's base URL, e.g. "chat/completions"
+
+    def at(self, params: Mapping[str, str]) -> Self:
+        return self  # nothing of the request is in its path
+
+    def upstream_path(self, model: str | None, stream: bool) -> str:
+        return self.path
 
     def render(self, body: Body) -> Body:
         return body  # the items are the API's own list

@@ -153,6 +153,7 @@ class ReadShape(Protocol):
     """An API's shapes for the read-back loop, for one request (the read tool's name known)."""
 
     ends_with: str  # what ends a whole stream, for the error when a stream stops before it
+    usage_field: str  # where a reply carries its usage ("usage"; Gemini's "usageMetadata")
 
     def reply(self, content: bytes) -> Reply:
         """A non-streamed 200 answer; IllFormed unless every part the loop reads has its documented type."""

@@ -3,7 +3,9 @@
 OpenAI: usage.prompt_tokens_details.cached_tokens. Anthropic-style:
 cache_read_input_tokens / cache_creation_input_tokens (input_tokens then
 excludes them). DeepSeek-style: prompt_cache_hit_tokens / prompt_cache_miss_tokens.
-Some add cache_write_tokens.
+Some add cache_write_tokens. Google (Gemini's `usageMetadata`): promptTokenCount
+(cached included), cachedContentTokenCount (absent when nothing was cached),
+candidatesTokenCount and thoughtsTokenCount (both output).
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ def parse_usage(usage: Any) -> Usage | None:
     """A provider's `usage` object, normalized; None when there is none."""
     if not isinstance(usage, dict):
         return None
+    if "promptTokenCount" in usage:
+        return Usage(prompt=_int(usage.get("promptTokenCount")) or 0,
+                     completion=(_int(usage.get("candidatesTokenCount")) or 0)
+                     + (_int(usage.get("thoughtsTokenCount")) or 0),
+                     cached=_int(usage.get("cachedContentTokenCount")) or 0, raw=usage)
     completion = _int(usage.get("completion_tokens")) or _int(usage.get("output_tokens")) or 0
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
     cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None

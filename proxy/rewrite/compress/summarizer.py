@@ -195,7 +195,7 @@ async def _send(target: SummarizerTarget, items: list[Message], tools: list[Any]
     w = target.wire
     body = jsonio.dumps(w.request(target.model, items, tools=tools, extra=extra,
                                   max_output=target.max_output_tokens))
-    url = upstream_url(target.settings, w.path, "")
+    url = upstream_url(target.settings, w.upstream_path(target.model, False), "")
     call = target.trace.upstream("summary", "POST", url, target.headers, target.model) if target.trace.on else None
     try:
         resp = await target.upstream.send("POST", url, call.headers if call else target.headers, body, target.settings)

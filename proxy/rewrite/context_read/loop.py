@@ -97,8 +97,8 @@ class ReadLoop:
 
     async def _next(self, reply: Reply) -> bytes | None:
         """The next request's bytes: the round's output, then the proxy's answers; None if it cannot be written."""
-        results = [self.conv.wire.result(c.id, await answer(self.archive, c.arguments, self.tool.max_chars))
-                   for c in reply.ours]
+        results = [self.conv.wire.result(c.id, await answer(self.archive, c.arguments, self.tool.max_chars),
+                                         self.tool.name) for c in reply.ours]
         new = [*reply.items, *results]
         if jsonio.deeper_than(new):  # a streamed call's input, joined, may nest past what can be written safely
             return None
@@ -150,8 +150,9 @@ class ReadLoop:
                     resp = await self.send(payload)
                     continue
             data = self.shape.without_ours(reply) if reply.ours else reply.data
-            if self.usages and isinstance(data.get("usage"), dict):
-                data["usage"] = self._summed(data["usage"])
+            field = self.shape.usage_field
+            if self.usages and isinstance(data.get(field), dict):
+                data[field] = self._summed(data[field])
             try:  # a first answer may nest past what orjson writes safely; usage summed may pass 64 bits
                 return resp, jsonio.dumps_any(data)
             except jsonio.TooDeep:

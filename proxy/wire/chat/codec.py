@@ -117,7 +117,7 @@ class ChatCompletions(OpenAIBody):
     def message(self, role: Literal["system", "developer", "user"], text: str) -> Item:
         return {"role": role, "content": text}
 
-    def result(self, call_id: str | None, text: str) -> Item:
+    def result(self, call_id: str | None, text: str, name: str | None = None) -> Item:
         return {"role": "tool", "tool_call_id": call_id, "content": text}
 
     def request(self, model: str, items: list[Item], *, tools: list[Any] | None, extra: dict[str, Any],

@@ -27,6 +27,7 @@ from proxy.wire.sse import DONE, is_usage_chunk
 
 class ChatReadShape:
     ends_with = "it finished"
+    usage_field = "usage"
 
     def __init__(self, tool: str) -> None:
         self.tool = tool

@@ -157,7 +157,7 @@ class Messages(OpenAIBody):
         """A user turn's text block; a system one joins the user turn it sits in (proxy/wire/messages/items.py)."""
         return {"role": "user" if role == "user" else "system", "content": [{"type": "text", "text": text}]}
 
-    def result(self, call_id: str | None, text: str) -> Item:
+    def result(self, call_id: str | None, text: str, name: str | None = None) -> Item:
         return {"type": "tool_result", "tool_use_id": call_id, "content": text}
 
     # ---- the proxy's own calls
@@ -259,7 +259,6 @@ MESSAGES = Messages()
 
 # The last sentence of the message with which Claude Code asks for a summary of its history (2.1.3xx).
 CLAUDE_CODE_SUMMARY_REQUEST = "REMINDER: Do NOT call any tools. Respond with plain text only"
-COUNT_PATH = "messages/count_tokens"
 
 
 class _Counting(Messages):
@@ -269,6 +268,8 @@ class _Counting(Messages):
     pipeline parse the client's bytes again to forward them unmodified
     (proxy/rewrite/degrade.py), and that parse must not ask for max_tokens.
     """
+
+    path: ClassVar[str] = "messages/count_tokens"
 
     def parse(self, raw: bytes) -> Body:
         return self.parse_as(raw, need_max_tokens=False)

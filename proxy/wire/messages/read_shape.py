@@ -43,6 +43,7 @@ def _arguments(block: dict[str, Any]) -> str:
 
 class MessagesReadShape:
     ends_with = "message_stop"
+    usage_field = "usage"
 
     def __init__(self, codec: Codec, tool: str) -> None:
         self.codec, self.tool = codec, tool

@@ -177,7 +177,7 @@ class Responses(OpenAIBody):
     def message(self, role: Literal["system", "developer", "user"], text: str) -> Item:
         return {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
 
-    def result(self, call_id: str | None, text: str) -> Item:
+    def result(self, call_id: str | None, text: str, name: str | None = None) -> Item:
         return {"type": "function_call_output", "call_id": call_id, "output": text}
 
     def request(self, model: str, items: list[Item], *, tools: list[Any] | None, extra: dict[str, Any],

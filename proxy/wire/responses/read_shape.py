@@ -42,6 +42,7 @@ def _index(v: Any) -> int | None:
 
 class ResponsesReadShape:
     ends_with = "response.completed"
+    usage_field = "usage"
 
     def __init__(self, tool: str) -> None:
         self.tool = tool

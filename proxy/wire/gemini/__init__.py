@@ -1,0 +1,1 @@
+"""Google's Gemini API (generateContent, streamGenerateContent, countTokens), managed in its own shape."""
