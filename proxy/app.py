@@ -23,7 +23,7 @@ from proxy.http.answers import CountEveryAnswer
 from proxy.http.error_handlers import http_error, proxy_error, unexpected_error
 from proxy.http.local_guard import origin_refusal, refuse
 from proxy.http.responses_ws import responses_websocket
-from proxy.http.turns import count_tokens, passthrough, turns
+from proxy.http.turns import compress, count_tokens, passthrough, retrieve, turns
 from proxy.logs import flush_logs
 from proxy.redact import redact, register_settings
 from proxy.state import ProxyState, state_of
@@ -121,6 +121,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app.add_route(prefix + api.path, count_tokens(api.codec) if api.counts else turns(api.codec),
                           methods=["POST"])
     for prefix in ("", "/r/{route}"):
+        app.add_route(prefix + "/v1/compress", compress, methods=["POST"])  # a gateway's engine (Headroom's contract)
+        app.add_route(prefix + "/v1/retrieve/{hash}", retrieve, methods=["GET"])
         for api in APIS:
             if api.websocket:
                 app.add_api_websocket_route(prefix + api.path, responses_websocket)

@@ -206,6 +206,9 @@ class Route(_Strict):
     context_window: int = DEFAULT_CONTEXT_WINDOW  # for models the proxy knows nothing about
     # Anthropic's /v1/messages/count_tokens: "rewritten" counts what the proxy would send, "raw" the client's
     count_tokens: Literal["rewritten", "raw"] = "rewritten"
+    # The context engine's calls (/v1/compress, from a gateway): true answers every one unchanged and records what
+    # it would have done (a gateway's first step: see before it touches traffic)
+    audit: bool = False
     sections: Mapping[str, BaseModel] = Field(default_factory=dict)
 
     def section(self, name: str) -> Any:
@@ -245,6 +248,7 @@ class _RouteFile(BaseModel):
     upstream: dict[str, Any] = Field(default_factory=dict)
     context_window: int | None = Field(default=None, gt=0)
     count_tokens: Literal["rewritten", "raw"] = "rewritten"
+    audit: bool = False
 
 
 class _ConfigFile(_Strict):
@@ -383,7 +387,7 @@ def build_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
         route_up = _validate(UpstreamSettings, _deep_merge(upstream.model_dump(), rf.upstream),
                              f"{where}.upstream", source)
         routes.append(Route(name=rf.name, match=rf.match, upstream=route_up, sections=sections,
-                            count_tokens=rf.count_tokens,
+                            count_tokens=rf.count_tokens, audit=rf.audit,
                             context_window=rf.context_window or file.default_context_window))
 
     admin = env.get("CTXPROXY_ADMIN_TOKEN") or (env.get(file.admin_token_env) if file.admin_token_env else None)

@@ -156,9 +156,11 @@ class Accountant:
     def _entry(self, ctx: RequestContext, conv: Conversation, trace: PrefixTrace, check: PrefixCheck, o: Outcome,
                f: Figures, rounds: Rounds | None, read: ReadBack) -> dict[str, Any]:
         u, ok = o.usage, o.accepted
-        cacheable = self.cacheable(conv, trace, check, ok, o.status, rounds)
+        engine = ctx.purpose == "engine"  # a gateway's call: what the provider made of the rows is not seen here
+        cacheable = None if engine else self.cacheable(conv, trace, check, ok, o.status, rounds)
         return {
-            "ts": round(time.time(), 3), "request_id": ctx.request_id, "kind": "turn", "route": ctx.route.name,
+            "ts": round(time.time(), 3), "request_id": ctx.request_id, "kind": "engine" if engine else "turn",
+            "route": ctx.route.name,
             "model": ctx.model, "status": o.status, "error": o.error, "stream": ctx.stream, "accepted": ok,
             "prompt": u.prompt if u else None, "cached": u.cached if u else None,
             "completion": u.completion if u else None,

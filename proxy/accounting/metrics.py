@@ -118,6 +118,12 @@ class Metrics:
         self.handles_read = Counter("ctxproxy_handles_read", "Of those, handles the model read back (first read)",
                                     rm, registry=r)
         self.breaks = Counter("ctxproxy_cache_breaks", "Cached prefixes broken, by cause", (*rm, "cause"), registry=r)
+        self.engine = Counter("ctxproxy_engine_calls", "Context engine calls from a gateway (/v1/compress) by outcome: "
+                              "rewritten, unchanged, audit (answered unchanged), degraded (unchanged: a failure "
+                              "inside)", ("route", "outcome"), registry=r)
+        self.audit_tokens = Counter("ctxproxy_engine_audit_tokens", "Audited engine calls' prompt tokens: as sent "
+                                    "(before) and as the engine would have sent them (after)", ("route", "stage"),
+                                    registry=r)
         self.degraded = Counter("ctxproxy_degraded_requests", "Requests forwarded unmodified: store down", rm,
                                 registry=r)
         self.unreplicated = Counter("ctxproxy_store_unreplicated_writes", "Store writes the primary acknowledged "

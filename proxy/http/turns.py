@@ -2,7 +2,8 @@
 
 Each API of the registry (proxy/wire/apis.py) is served at its path, and under
 `/r/{route}`: its turns (POST, answered as JSON or as an event stream), its
-token counts (Messages, Gemini), and every other path under an API's root (/v1/*, /v1beta/*) passed through unchanged.
+token counts (Messages, Gemini), the context engine's calls from a gateway (/v1/compress, /v1/retrieve), and
+every other path under an API's root (/v1/*, /v1beta/*) passed through unchanged.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.engine import gateway, turn
 from proxy.engine import passthrough as passing
-from proxy.engine import turn
 from proxy.engine.run import Answer, Inbound
 from proxy.http.answers import known
 from proxy.http.relay import client_codec, query_of, read_body, relay_response, relay_stream
@@ -57,3 +58,12 @@ async def passthrough(request: Request) -> Response:
     answer = await passing.passthrough(state_of(request), inbound(request, decode=False), client_codec(request),
                                        request.path_params["path"])
     return framed(answer)
+
+
+async def compress(request: Request) -> Response:
+    """The context engine's call from a gateway (proxy/engine/gateway.py)."""
+    return framed(await gateway.compress(state_of(request), inbound(request)))
+
+
+async def retrieve(request: Request) -> Response:
+    return framed(await gateway.retrieve(state_of(request), inbound(request), request.path_params["hash"]))

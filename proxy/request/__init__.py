@@ -58,7 +58,7 @@ class RequestContext:
     archive_quota: int | None = None  # bytes of stored text the tenant may keep (settings.store_quota_bytes)
     # "count": a count_tokens request, rewritten as a turn would be but never a turn itself: what it stores
     # is marked unsent, for the first turn that sends it to count (proxy/rewrite/first_send.py)
-    purpose: Literal["turn", "count"] = "turn"
+    purpose: Literal["turn", "count", "engine"] = "turn"  # engine: a gateway's call (proxy/engine/gateway.py)
     trace: RequestTrace = NO_TRACE  # its spans (proxy/telemetry/); the no-op while tracing is off
     # other processes may serve this session (proxy/state.py shared_sessions): what it last did is read from the
     # store, not from this process's memory

@@ -149,11 +149,11 @@ class Offload:
             new = False  # whether this request decided it on this route (counted once per route, by that request)
             if decision is None:
                 decision, new = await self._decide(archive, records, conv, messages[i], handle, text, what,
-                                                   read_name, ctx.window, unsent=ctx.purpose != "turn")
+                                                   read_name, ctx.window, unsent=ctx.purpose == "count")
                 self._remember(ctx.tenant, handle, decision or False)
                 if not decision:
                     continue
-            elif decision.get("unsent") and ctx.purpose == "turn":  # stored by a count: the first turn counts it
+            elif decision.get("unsent") and ctx.purpose != "count":  # stored by a count: the first turn counts it
                 new = await self._first_send.claim(  # per route, as the decision is
                     ctx.store, route_key(ctx.tenant, ctx.route.name, "sent", DECISION_KIND, handle), archive.ttl)
             messages[i] = conv.wire.with_text(messages[i], decision["placeholder"])

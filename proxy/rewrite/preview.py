@@ -19,6 +19,7 @@ from typing import Any
 import re2
 
 from proxy.rewrite.lines import Lines
+from proxy.store.archive import HANDLE_PREFIX
 
 READ_LIMIT_LINES = 200  # the `limit` the read-back call in a placeholder suggests
 _MIN_LINE_CHARS = 40  # below this a preview line says nothing useful
@@ -43,8 +44,16 @@ def _cap(text: str, span: tuple[int, int], chars: int) -> str:
     return text[start:end] if n <= chars else f"{text[start:start + chars]}… [+{n - chars:,} chars]"
 
 
+# The retrieval tool a gateway offers its model for the context engine's markers (LiteLLM's, for Headroom's
+# contract): the marker then says `hash=<hex>`, the handle's hex, which the gateway reads back by
+# (proxy/engine/gateway.py).
+GATEWAY_TOOL = "headroom_retrieve"
+
+
 def read_call(tool: str, handle: str, offset: int = 0) -> str:
     """The exact call a model (or a test) finds in a placeholder."""
+    if tool == GATEWAY_TOOL:
+        return f"Retrieve more: hash={handle.removeprefix(HANDLE_PREFIX)}"
     return f'{tool}(handle="{handle}", offset={offset}, limit={READ_LIMIT_LINES})'
 
 
@@ -105,6 +114,7 @@ def _render(lines: Lines[str], size: int, what: str, handle: str, tool: str, tok
                    f"shown, with their line numbers (0-based, as offset counts)]")
         out += [f"{k}: " + _cap(lines.text, (a, b), chars) for k, a, b in middle[:errs]]
     out += [_cap(lines.text, x, chars) for x in last]
-    out.append(f"[read more: {read_call(tool, handle, len(first))}; offset and limit count lines; "
+    out.append(f"[{read_call(tool, handle)}]" if tool == GATEWAY_TOOL else
+               f"[read more: {read_call(tool, handle, len(first))}; offset and limit count lines; "
                f'add pattern="regex" to search]')
     return "\n".join(out)
