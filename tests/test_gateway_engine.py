@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 from litellm_gateway import INSTALL, LiteLLMGateway, installed
@@ -188,6 +189,28 @@ def test_litellms_retrieval_round_reads_an_offloaded_text_back(litellm: LiteLLMG
     assert [t["function"]["name"] for t in first.json["tools"]] == ["shell", "headroom_retrieve"]
     answered = second.json["messages"][-1]
     assert answered["role"] == "tool" and "line 1: item 7919 ok" in answered["content"]
+
+
+@pytest.mark.timeout(180)
+def test_a_messages_session_through_litellm_gets_the_markers_in_its_tool_results(
+        litellm: LiteLLMGateway, upstream: MockUpstream) -> None:
+    """LiteLLM runs the guardrail on /v1/messages too (as chat rows): Claude-shaped clients get the same engine."""
+    claude = litellm.anthropic_models[0]
+    upstream.windows[claude] = WINDOW
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Print the listings, then report."}]
+    for n in range(1, 5):
+        messages += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{n}", "name": "shell",
+                                                        "input": {"cmd": f"listing {n}"}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n}",
+                                                   "content": listing(n)}]}]
+    client = anthropic.Anthropic(base_url=litellm.url, api_key=litellm.master_key, max_retries=0, timeout=60)
+    reply = client.messages.create(model=claude, max_tokens=64, messages=messages,
+                                   tools=[{"name": "shell", "input_schema": SHELL["function"]["parameters"]}])
+    assert [b.text for b in reply.content if b.type == "text"] == ["ok"]
+    sent = upstream.requests[-1].json["messages"]
+    results = [b for m in sent if isinstance(m["content"], list) for b in m["content"] if b["type"] == "tool_result"]
+    assert len(results) == 4 and all(MARKER.search(json.dumps(b)) for b in results[:3])
+    assert results[3]["content"] == listing(4)  # the newest exchange, as LiteLLM keeps it
 
 
 def test_the_docs_show_the_litellm_config() -> None:
