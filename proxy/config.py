@@ -133,11 +133,20 @@ def _api_of_url(base_url: str) -> str | None:
     return dialect.name if dialect is not None else None
 
 
+class Price(_Strict):
+    """What a model's tokens cost, in US dollars per million, as the provider bills them (for figures in dollars)."""
+
+    input: float = Field(ge=0)  # an uncached prompt token
+    cached_input: float | None = Field(default=None, ge=0)  # a prompt token read from the cache; null: as input
+    output: float = Field(default=0, ge=0)  # a completion token (reasoning included)
+
+
 class ModelFacts(_Strict):
     """What the proxy cannot guess about a model."""
 
     context_window: int | None = Field(default=None, gt=0)
     encoding: Literal["o200k_base", "cl100k_base"] | None = None  # counts its tokens; null: by the model's name
+    price: Price | None = None  # null: its figures are in tokens only
 
 
 class RouteMatch(_Strict):

@@ -192,3 +192,31 @@ def test_a_request_s_items_read_as_text_in_every_api_shape():
         "hi\nBash({'c': 1})"
     call = {"function": {"name": "f", "arguments": "{}"}}
     assert _text({"role": "assistant", "content": "x", "tool_calls": [call]}) == "x\nf({})"
+
+
+PRICE = {"input": 1.25, "cached_input": 0.125, "output": 10.0}
+
+
+def test_cost_and_savings_in_dollars_for_the_models_priced_in_config(make_proxy, upstream):
+    """Users compare proxies in dollars: a model priced in config.yaml has its figures in dollars too, computed
+    from the provider's own usage; an unpriced model says how to price it."""
+    p = make_proxy(real=True, models={"gpt-4o": {"price": PRICE}})
+    msgs = conversation(8)
+    for _ in range(2):
+        post(p, msgs, "sk-a", "usd-1")
+    post(p, conversation(2), "sk-a", model="gpt-4o-mini")
+    stats = settled(p, 3, {})
+    (priced,) = [g for g in stats["groups"] if g["model"] == "gpt-4o"]
+    (unpriced,) = [g for g in stats["groups"] if g["model"] == "gpt-4o-mini"]
+    w = priced["all"]
+    expect = ((w["prompt"] - w["cached"]) * 1.25 + w["cached"] * 0.125 + w["completion"] * 10.0) / 1e6
+    assert w["cached"] > 0 and w["cost_usd"] == round(expect, 4)
+    assert w["saved_usd"] == round(max(w["saved_tokens"], 0) * 1.25 / 1e6, 4)
+    assert unpriced["all"]["cost_usd"] is None
+    assert stats["totals"]["all"]["cost_usd"] == w["cost_usd"]  # the priced groups' sum
+    r = cli("--url", p.url, "--window", "all")
+    assert total(r.stdout, "cost") == f"${w['cost_usd']:,.2f} (as billed, the models priced in config.yaml)"
+    bare = make_proxy(real=True)
+    post(bare, conversation(2), "sk-a")
+    settled(bare, 1, {})
+    assert "set models.<name>.price in config.yaml" in total(cli("--url", bare.url).stdout, "cost")

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 from proxy.accounting.counters import FIELDS, HOUR, derived, stats_prefix
+from proxy.config import Price
 from proxy.store import Store
 
 WINDOWS = {"last_hour": 2, "last_day": 25}  # hourly buckets summed: this hour and the ones before it
@@ -42,7 +44,30 @@ def _parse(key: str, prefix: str) -> tuple[str, str, str, str, str] | None:
     return tenant, route, model, bucket, field
 
 
-async def stats(store: Store, tenant: str | None, now: float | None = None) -> dict[str, Any]:
+_MILLION = 1_000_000
+
+
+def dollars(t: Mapping[str, Any], price: Price) -> dict[str, float]:
+    """A group's cost as its provider bills it (the agent's calls and the proxy's own), and what the proxy's
+    savings would have cost at the uncached input price (an upper bound: some would have been cached)."""
+    cached_price = price.input if price.cached_input is None else price.cached_input
+    prompt, cached = t["prompt"] + t["own_prompt"], t["cached"] + t["own_cached"]
+    cost = ((prompt - cached) * price.input + cached * cached_price
+            + (t["completion"] + t["own_completion"]) * price.output) / _MILLION
+    return {"cost_usd": round(cost, 4), "saved_usd": round(max(t["saved_tokens"], 0) * price.input / _MILLION, 4)}
+
+
+def _priced(rows: list[dict[str, Any]], name: str) -> dict[str, float | None]:
+    """The dollars of the groups whose model has a price, summed; None where none has."""
+    priced = [r[name] for r in rows if r[name].get("cost_usd") is not None]
+    if not priced:
+        return {"cost_usd": None, "saved_usd": None}
+    return {k: round(sum(w[k] for w in priced), 4) for k in ("cost_usd", "saved_usd")}
+
+
+async def stats(store: Store, tenant: str | None, now: float | None = None,
+                prices: Mapping[str, Price] | None = None) -> dict[str, Any]:
+    """`prices`: per model (config.yaml's models.<name>.price): its groups, and the totals, say dollars too."""
     now = time.time() if now is None else now
     hour = int(now // HOUR)
     prefix = stats_prefix(tenant) if tenant else "stats:"
@@ -69,14 +94,17 @@ async def stats(store: Store, tenant: str | None, now: float | None = None) -> d
     rows = []
     for (route, model), windows in sorted(groups.items()):
         row: dict[str, Any] = {"route": route, "model": model}
+        price = (prices or {}).get(model)
         for name in ("last_hour", "last_day", "all"):
             row[name] = _derived(windows.get(name, {}))
+            row[name].update(dollars(row[name], price) if price else {"cost_usd": None, "saved_usd": None})
             for f, v in windows.get(name, {}).items():
                 totals[name][f] += v
         rows.append(row)
     return {
         "generated_at": round(now, 3), "scope": "tenant" if tenant else "all",
-        "totals": {name: _derived(totals.get(name, {})) for name in ("last_hour", "last_day", "all")},
+        "totals": {name: {**_derived(totals.get(name, {})), **_priced(rows, name)}
+                   for name in ("last_hour", "last_day", "all")},
         "groups": rows,
         "series": [{"hour": h * HOUR, **_derived(series[h])} for h in sorted(series)],
     }

@@ -68,6 +68,12 @@ def _fetch(client: Any, url: str, path: str, authed: bool) -> Any:
     return body
 
 
+def _usd(value: float | None, what: str) -> str:
+    if value is None:
+        return "- (no model has a price: set models.<name>.price in config.yaml)"
+    return f"${value:,.2f} ({what})"
+
+
 def _stats_lines(url: str, window: str, stats: dict[str, Any], sessions: list[dict[str, Any]]) -> list[str]:
     t = stats["totals"][window]
     scope = "all tenants" if stats.get("scope") == "all" else "this API key's tenant"
@@ -83,6 +89,8 @@ def _stats_lines(url: str, window: str, stats: dict[str, Any], sessions: list[di
         ("completion tokens", _num(t["completion"])),
         ("tokens saved", _saved(t)),
         ("effective cost", f"{_num(t['effective_cost'], 1)} token units"),
+        ("cost", _usd(t.get("cost_usd"), "as billed, the models priced in config.yaml")),
+        ("saved", _usd(t.get("saved_usd"), "the tokens saved at the uncached input price")),
         ("cache breaks", _num(t["breaks"])),
         ("offloads", _num(t["offloads"])),
         ("compactions", _num(t["compactions"])),

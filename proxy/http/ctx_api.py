@@ -60,7 +60,9 @@ async def get_stats(request: Request) -> Response:
     scope = scope_of(request)
     await state_of(request).accounting.settle()
     try:
-        return _json(await stats(state_of(request).store, scope.tenant))
+        st = state_of(request)
+        prices = {name: facts.price for name, facts in st.settings.models.items() if facts.price is not None}
+        return _json(await stats(st.store, scope.tenant, prices=prices))
     except StoreError:
         raise StoreUnavailable("the proxy's store is unreachable; figures are unavailable") from None
 
