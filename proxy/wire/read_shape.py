@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.errors import UpstreamUnreachable, anthropic_error_body
+from proxy.wire import jsonio
 from proxy.wire.values import Body, Item
 
 _MESSAGE_MAX_CHARS = 2000  # of a provider's error message repeated in ours
@@ -89,6 +90,17 @@ def hidden_failure(status: int, content: bytes, content_type: str, why: str) -> 
     return HiddenRoundFailed(f"the provider's answer to the proxy's hidden context_read round was unusable "
                              f"(HTTP {status}, content-type {content_type[:100] or 'none'}: {why}); "
                              f"nothing of it was passed on", status=status)
+
+
+def call_arguments(args: Any) -> str:
+    """A call's arguments (an object) as JSON text; "" (answered as bad arguments) if no JSON writer takes them
+    (nested too deep)."""
+    if jsonio.deeper_than(args):
+        return ""
+    try:
+        return jsonio.dumps(args if isinstance(args, dict) else {}).decode()
+    except (TypeError, ValueError, RecursionError):
+        return ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from proxy.wire import jsonio
 from proxy.wire.codec import Body, Codec, Item
-from proxy.wire.read_shape import Call, IllFormed, Reply, provider_error
+from proxy.wire.read_shape import Call, IllFormed, Reply, call_arguments, provider_error
 
 
 def reply_parts(data: Any) -> list[Any] | None:
@@ -27,17 +27,6 @@ def reply_parts(data: Any) -> list[Any] | None:
     content = candidates[0].get("content")
     parts = content.get("parts") if isinstance(content, dict) else []
     return parts if isinstance(parts, list) else None
-
-
-def _arguments(call: dict[str, Any]) -> str:
-    """A call's args as JSON text; "" (answered as bad arguments) if no JSON writer takes them (nested too deep)."""
-    args = call.get("args")
-    if jsonio.deeper_than(args):
-        return ""
-    try:
-        return jsonio.dumps(args if isinstance(args, dict) else {}).decode()
-    except (TypeError, ValueError, RecursionError):
-        return ""
 
 
 def _merged(parts: list[Any]) -> list[Any]:
@@ -75,14 +64,15 @@ class GeminiReadShape:
         return isinstance(fc, dict) and fc.get("name") == self.tool
 
     def _reply(self, data: dict[str, Any], parts: list[Any], usage: Any) -> Reply:
-        ours = []
+        ours, sent = [], []  # sent: the parts as the next round carries them back
         for p in parts:
             if self.is_ours(p):
                 fc = p["functionCall"]
-                ours.append(Call(fc["id"] if isinstance(fc.get("id"), str) else None, _arguments(fc)))
+                ours.append(Call(fc["id"] if isinstance(fc.get("id"), str) else None, call_arguments(fc.get("args"))))
+                if not ours[-1].arguments:  # unwritable args: answered as bad arguments, sent back empty
+                    p = {**p, "functionCall": {**fc, "args": {}}}
+            sent.append(p)
         calls = sum(1 for p in parts if isinstance(p, dict) and isinstance(p.get("functionCall"), dict))
-        sent = [p if not self.is_ours(p) or _arguments(p["functionCall"]) else
-                {**p, "functionCall": {**p["functionCall"], "args": {}}} for p in parts]
         return Reply(data, ours, calls - len(ours), [{"role": "model", "parts": _merged(sent)}], usage)
 
     def reply(self, content: bytes) -> Reply:

@@ -22,23 +22,12 @@ import orjson
 
 from proxy.wire import jsonio
 from proxy.wire.codec import Body, Codec, Item
-from proxy.wire.read_shape import Call, IllFormed, Reply
+from proxy.wire.read_shape import Call, IllFormed, Reply, call_arguments
 from proxy.wire.sse import named_event, plain_name
 
 
 def _index(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _arguments(block: dict[str, Any]) -> str:
-    """A call's input as JSON text; "" (answered as bad arguments) if no JSON writer takes it (nested too deep)."""
-    args = block.get("input")
-    if jsonio.deeper_than(args):
-        return ""
-    try:
-        return jsonio.dumps(args if isinstance(args, dict) else {}).decode()
-    except (TypeError, ValueError, RecursionError):
-        return ""
 
 
 class MessagesReadShape:
@@ -58,7 +47,7 @@ class MessagesReadShape:
         ours, sent = [], []  # sent: the content as the next round carries it back
         for b in content:
             if self.is_ours(b):
-                ours.append(Call(b["id"], _arguments(b)))
+                ours.append(Call(b["id"], call_arguments(b.get("input"))))
                 if not ours[-1].arguments:  # unwritable input: answered as bad arguments, sent back empty
                     b = {**b, "input": {}}
             sent.append(b)
