@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,9 @@ GEMINI_SETTINGS: dict[str, Any] = {
 }
 
 
+LISTING_LINE = re.compile(r"\s*(?:call \d+ line )?\d+\s*$")  # what the scripted agents' commands print
+
+
 @dataclass
 class AgentRun:
     """What an agent binary did: its exit status and what it printed."""
@@ -52,6 +56,11 @@ class AgentRun:
     @property
     def output(self) -> str:
         return self.stdout + self.stderr
+
+    def tail(self, n: int = 3000) -> str:
+        """The end of what the agent printed, without the tool outputs' number lines."""
+        lines = [ln for ln in self.output.splitlines() if not LISTING_LINE.match(ln)]
+        return "\n".join(lines)[-n:]
 
 
 def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _mock_agent import tool_names
+from agent_runs import AgentRun
 from mock_upstream import MockUpstream, ShellAgent
 
 AGENTS = Path(__file__).parent / "agents"
@@ -45,7 +44,6 @@ CODEX_OVERFLOW = "Codex ran out of room in the model's context window"
 CLAUDE_OVERFLOW = "Autocompact is thrashing"
 WEBSOCKET_TROUBLE = ("failed to connect to Responses WebSocket", "Reconnecting...", "Falling back from WebSockets")
 RUN_TIMEOUT_S = 45  # one agent session; under the suite's 60 s per test
-LISTING_LINE = re.compile(r"\s*(?:call \d+ line )?\d+\s*$")  # what the commands print
 
 
 def binary(name: str) -> str:
@@ -57,20 +55,7 @@ def binary(name: str) -> str:
     return str(path)
 
 
-@dataclass
-class Run:
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-    def tail(self, n: int = 3000) -> str:
-        """The end of what the agent printed, without the tool outputs' number lines."""
-        lines = [ln for ln in self.output.splitlines() if not LISTING_LINE.match(ln)]
-        return "\n".join(lines)[-n:]
+Run = AgentRun
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
