@@ -12,6 +12,7 @@ from proxy.config import Settings
 from proxy.rewrite.compress.transform import Compress
 from proxy.rewrite.pipeline import Transform, build_pipeline
 from proxy.store import Store
+from proxy.store.sqlite import in_process_store
 from proxy.telemetry.base import OFF, Tracing
 from proxy.tokens.encodings import configure_model_encodings
 from proxy.tokens.session_memo import SessionMemo
@@ -30,6 +31,8 @@ class ProxyState:
     pipelines: dict[str, list[Transform]] = field(default_factory=dict)
     memo: SessionMemo = field(default_factory=SessionMemo)
     tracing: Tracing = OFF  # proxy/telemetry/: every hook checks `tracing.on` first
+    # In-process, for the requests the store's outage would otherwise send over their window (degrade.py)
+    fallback: Store = field(default_factory=in_process_store)
 
     @classmethod
     def create(cls, settings: Settings, upstream: Upstream, store: Store, tracing: Tracing = OFF) -> ProxyState:

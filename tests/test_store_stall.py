@@ -1,9 +1,11 @@
-"""A store that stalls for a moment must not turn a request over the window into a certain rejection.
+"""A store that stalls, or dies, must not turn a request over the window into a certain rejection.
 
 While the store is down the proxy forwards requests unmodified (proxy/rewrite/degrade.py). For a request
 the proxy has counted over its window that is a rejection for length, sure to come: such a request waits
 for the store (up to degrade.STORE_WAIT_S) and is rewritten once it answers. A request under its window
-still goes at once, and one over it while the store stays down goes unmodified after the wait, as before.
+still goes at once. One over it while the store stays down is rewritten from the process's own store
+(`x-ctxproxy-degraded: store-fallback`), and so is the next, without a wait: a Redis killed mid-session
+costs the agent nothing but a compaction of the fallback's own.
 """
 
 from __future__ import annotations
@@ -80,11 +82,41 @@ def test_under_the_window_a_stall_still_forwards_at_once(proxy, upstream, stalli
     assert time.monotonic() - started < degrade.STORE_WAIT_S  # no wait for a request that fits
 
 
-def test_a_store_that_stays_down_costs_the_wait_once_then_forwards_unmodified(proxy, upstream, stalling,
-                                                                            monkeypatch):
+def test_a_store_that_stays_down_costs_the_wait_once_then_the_fallback_rewrites(proxy, upstream, stalling,
+                                                                                monkeypatch):
     monkeypatch.setattr(degrade, "STORE_WAIT_S", 1.0)
     run = over_the_window(proxy, upstream)
     stalling.until = time.monotonic() + 30
+    started = time.monotonic()
     r = post(proxy, run)
-    assert r.headers.get("x-ctxproxy-degraded") == "store-unavailable"
-    assert len(upstream.requests[-1].json["messages"]) == len(run)  # unmodified, as the store-down policy says
+    assert r.status_code == 200 and r.headers.get("x-ctxproxy-degraded") == "store-fallback"
+    assert len(upstream.requests[-1].json["messages"]) < len(run)  # rewritten, not sent to its rejection
+    first = time.monotonic() - started
+    r = post(proxy, run + [{"role": "user", "content": "and now?"}])
+    assert r.status_code == 200 and r.headers.get("x-ctxproxy-degraded") == "store-fallback"
+    assert time.monotonic() - started - first < first  # the store known down: no second wait
+
+
+def test_redis_killed_mid_session_the_next_over_window_turns_are_answered(upstream, tmp_path, monkeypatch):
+    """Redis killed mid-session: the next turn over the window is answered 200 (rewritten from the fallback),
+    and the next; an under-window request still goes as sent."""
+    from proxy_server import InProcessProxy
+    from test_compress import settings as compress_settings
+    from test_faults import RedisProcess, free_port
+
+    monkeypatch.setattr(degrade, "STORE_WAIT_S", 0.5)
+    redis = RedisProcess(free_port(), tmp_path)
+    redis.start()
+    try:
+        with InProcessProxy(compress_settings(upstream, f"redis://127.0.0.1:{redis.port}/0")) as p:
+            run = over_the_window(p, upstream)
+            redis.kill()
+            for extra in ([], [{"role": "user", "content": "and now?"}]):
+                r = post(p, run + extra)
+                assert r.status_code == 200, r.text[:300]
+                assert r.headers.get("x-ctxproxy-degraded") == "store-fallback"
+                assert len(upstream.requests[-1].json["messages"]) < len(run)
+            small = post(p, run[:3], key="sk-other")
+            assert small.status_code == 200 and small.headers.get("x-ctxproxy-degraded") == "store-unavailable"
+    finally:
+        redis.kill()

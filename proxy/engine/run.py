@@ -221,7 +221,7 @@ async def _context(st: ProxyState, inbound: Inbound, conv: Conversation, request
     learned = await st.windows.get(tenant, route.name, model)
     session, opening = session_id(headers, tenant, route, conv)
     return RequestContext(request_id=request_id, route=route, tenant=tenant, session=session, model=model,
-                          stream=conv.wire.is_stream(conv.body), store=st.store,
+                          stream=conv.wire.is_stream(conv.body), store=st.store, fallback=st.fallback,
                           archive_quota=st.settings.store_quota_bytes,
                           window=min(window, learned or window), upstream=st.upstream,
                           upstream_headers=request_headers(items, injected_key(route), identity_encoding=True),

@@ -66,6 +66,8 @@ class RequestContext:
     # the client compacts its own history with this request (Codex's compaction_trigger, Claude Code's summary
     # request or request class): nothing new is compacted, nothing is added after its last message
     client_compacts: bool = False
+    # the process's own store, for a request over its window while `store` is down (proxy/rewrite/degrade.py)
+    fallback: Store | None = None
 
 
 class ReadRounds(Protocol):

@@ -75,7 +75,8 @@ class StatusSkipped:
 
 @dataclass(frozen=True)
 class Degraded:
-    """The client's request went upstream unmodified, because `transform` failed (or the store is down)."""
+    """The client's request went upstream unmodified, because `transform` failed (or the store is down); or, the
+    store down and the request over its window, rewritten from the in-process fallback (`store-fallback`)."""
 
     kind: ClassVar[str] = "degraded"
     transform: str

@@ -9,6 +9,14 @@ for a failed transform an error line per request; for the store, whose outage
 spans many requests, the request's own line names the event, and the store's
 going down and coming back are logged once each, at warning
 (proxy/store/guarded.py), so the log is not one warning per request.
+
+One exception: a request the proxy counts over its window would be rejected for
+length if sent as it came. It waits for a store that stalls (STORE_WAIT_S,
+unless the store was already known to be down) and is rewritten once the store
+answers; while the store stays down it is rewritten from the process's own
+in-memory store instead (`x-ctxproxy-degraded: store-fallback`): offloads give
+the same bytes as with the store, a compaction is the fallback's own, and what
+it stores is readable within this process.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from proxy.request.events import Degraded
 from proxy.store import Store
 
 STORE_DOWN = "store-unavailable"
+STORE_FALLBACK = "store-fallback"  # rewritten from the process's own store while the configured one is down
 # How long a request already over its window waits for a stalled store before it goes unmodified (and is
 # rejected for length): a store that stalls for a few seconds then costs that request a few seconds, not
 # the agent's run. A store that stays down costs each such request this long, once, and the same rejection.

@@ -34,11 +34,12 @@ from pydantic import BaseModel
 from proxy import loop_free
 from proxy.config import Route
 from proxy.request import Conversation, RequestContext
+from proxy.request.events import Degraded
 from proxy.rewrite.cache_hints import CacheHints
 from proxy.rewrite.compress.transform import Compress
 from proxy.rewrite.context_read.loop import ReadLoop, Send
 from proxy.rewrite.context_read.transform import ContextRead
-from proxy.rewrite.degrade import STORE_DOWN, forward_unmodified, wait_for_store
+from proxy.rewrite.degrade import STORE_DOWN, STORE_FALLBACK, forward_unmodified, wait_for_store
 from proxy.rewrite.offload import Offload
 from proxy.rewrite.settings import Peers
 from proxy.rewrite.status_bar.transform import StatusBar
@@ -111,6 +112,20 @@ def response_loop(pipeline: list[Transform], conv: Conversation, ctx: RequestCon
     return None
 
 
+async def from_fallback(pipeline: list[Transform], conv: Conversation, ctx: RequestContext,
+                        fresh: Conversation) -> Conversation:
+    """A request over its window while the store is down, rewritten from the process's own store (byte-stable
+    within the process) rather than sent to certain rejection; `fresh` (the client's, unmodified) if that fails."""
+    if ctx.fallback is None:
+        return fresh
+    rewritten = await run_pipeline(pipeline, await loop_free.parse(conv.raw, conv.wire),
+                                   dataclasses.replace(ctx, store=ctx.fallback), waited=True)
+    if any(isinstance(e, Degraded) for e in rewritten.events):
+        return fresh
+    rewritten.events.append(Degraded(STORE_FALLBACK, "store unavailable: rewritten from the in-process fallback"))
+    return rewritten
+
+
 async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: RequestContext,
                        waited: bool = False) -> Conversation:
     """Apply each transform; if any fails (or the store does), forward the client's request unmodified.
@@ -121,8 +136,9 @@ async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: Reque
     store (proxy/rewrite/degrade.py wait_for_store) and, once the store answers, is rewritten after all.
     """
     current = "pipeline"
+    known_down = backing_off(ctx.store)
     try:
-        if backing_off(ctx.store):
+        if known_down:
             raise StoreError("store unavailable (backing off after a failure)")
         await conv.prepare_digests()
         for transform in pipeline:
@@ -146,9 +162,11 @@ async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: Reque
             await conv.prepare_counts()  # accounting counts what is sent
     except StoreError as e:
         fresh = await forward_unmodified(conv, ctx, STORE_DOWN, e)
-        if waited or fresh.window_need() <= ctx.window or not await wait_for_store(ctx.store):
+        if waited or fresh.window_need() <= ctx.window:
             return fresh
-        return await run_pipeline(pipeline, await loop_free.parse(conv.raw, conv.wire), ctx, waited=True)
+        if not known_down and await wait_for_store(ctx.store):  # a stall: rewritten with the store after all
+            return await run_pipeline(pipeline, await loop_free.parse(conv.raw, conv.wire), ctx, waited=True)
+        return await from_fallback(pipeline, conv, ctx, fresh)
     except Exception as e:  # noqa: BLE001 - containment: a transform's bug must not fail the agent's request
         return await forward_unmodified(conv, ctx, current, e)
     return conv

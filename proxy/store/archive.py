@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 
-from proxy.store.base import Store
+from proxy.store.base import Store, StoreError
 from proxy.store.decisions import SECONDS_PER_DAY
 from proxy.store.keys import tenant_key
 
@@ -49,8 +49,9 @@ class Archive:
     """Stored text of one tenant."""
 
     def __init__(self, store: Store, tenant: str, retention_days: float | None = None,
-                 quota_bytes: int | None = None) -> None:
+                 quota_bytes: int | None = None, fallback: Store | None = None) -> None:
         self.store = store
+        self.fallback = fallback  # read when the store has no such text (stored there while the store was down)
         self.tenant = tenant
         self.ttl = retention_days * SECONDS_PER_DAY if retention_days else None
         self.quota = quota_bytes or None  # 0/None: unlimited, and not counted
@@ -73,5 +74,13 @@ class Archive:
     async def get_text(self, handle: str) -> str | None:
         if not is_handle(handle):
             return None
-        raw = await self.store.get(_blob_key(self.tenant, handle))
+        key = _blob_key(self.tenant, handle)
+        try:
+            raw = await self.store.get(key)
+        except StoreError:
+            if self.fallback is None:
+                raise
+            raw = None
+        if raw is None and self.fallback is not None:
+            raw = await self.fallback.get(key)
         return None if raw is None else raw.decode("utf-8", "surrogatepass")

@@ -428,3 +428,8 @@ def _prefix_clause(prefix: str) -> tuple[str, dict[str, str]]:
     if SURROGATE_FIRST <= nxt <= SURROGATE_LAST:
         nxt = SURROGATE_LAST + 1
     return "key >= :lo AND key < :hi", {"lo": prefix, "hi": stem[:-1] + chr(nxt)}
+
+
+def in_process_store() -> SqliteStore:
+    """A store of this process alone, in memory: what a request falls back on while the configured one is down."""
+    return SqliteStore(MEMORY_PATH)

@@ -47,7 +47,7 @@ class ContextRead:
         shape = conv.wire.read_shape(conv.body, tool.name) if tool is not None else None
         if tool is None or shape is None:
             return None
-        return ReadLoop(conv, shape, tool, Archive(ctx.store, ctx.tenant), send, url)
+        return ReadLoop(conv, shape, tool, Archive(ctx.store, ctx.tenant, fallback=ctx.fallback), send, url)
 
 
 def has_placeholders(conv: Conversation) -> bool:
