@@ -27,7 +27,7 @@ from proxy_server import ProxyServer, make_settings
 
 CHROMIUM = "/usr/bin/chromium"
 INSTALL = "apt-get update && apt-get install -y chromium"
-WIDTH, HEIGHT = 1280, 800
+WIDTH, HEIGHT = 1280, 1000
 MARKUP = '<img src=x onerror="document.title=1">'
 
 
@@ -243,6 +243,7 @@ def test_dashboard_shows_the_stats_and_a_session_timeline(chromium, upstream, tm
     assert len(colours) > 100, f"screenshot looks blank: {len(colours)} colours"
     assert rgb("#fffaeb") in colours, "the break row of the timeline is not on screen"
     assert rgb("#c9d5ea") in colours, "the chart's bars are not on screen"
+    assert rgb("#d9dee8") in colours, "the session's picture (what the client sent per turn) is not on screen"
 
 
 def test_dashboard_asks_for_the_admin_token_and_handles_no_data(chromium, upstream, tmp_path):
@@ -319,6 +320,17 @@ def test_dashboard_shows_the_crafted_figures_and_what_went_upstream(chromium, up
     assert text_of(dom, "saved-compress") == num(run.total("compress"))
     assert text_of(dom, "saved-added") == num(run.total("added"))
     assert text_of(dom, "readback") == "0/7"
+    # the session's picture: context per turn, client sent against upstream got, the window and trigger lines,
+    # the offloads (turns 1 and 2) and the compaction (turn 3) marked, from the same figures as the table
+    assert '<div id="session-picture">' in dom  # shown
+    chart = section(dom, "session-chart", "</svg>")
+    turns = re.findall(r'<g data-n="(\d+)" data-client="(\d*)" data-sent="(\d+)" class="turn">(.*?)</g>', chart, re.S)
+    assert [t[0] for t in turns] == ["1", "2", "3"]
+    for (_, client, got, marks), want in zip(turns, run.expected):
+        assert int(client) - int(got) == want.saved
+    assert ['class="offload"' in t[3] for t in turns] == [True, True, False]
+    assert ['class="compaction"' in t[3] for t in turns] == [False, False, True]
+    assert 'class="window"' in chart and 'class="trigger"' in chart
     # the timeline: offloaded by the request / in effect, and what each request saved
     timeline = section(dom, "timeline")
     rows = re.findall(r"<tr[^>]*data-request=.*?</tr>", timeline, re.S)

@@ -58,6 +58,12 @@ FLUSH_DELAY = 0.05  # seconds a batch gathers requests before one round of store
 MAX_PENDING = 5000  # timeline entries waiting for the store, at most (memory stays bounded)
 
 
+def _trigger(ctx: RequestContext) -> int | None:
+    """The prompt size (tokens, the answer's reserve included) at which the route compacts; None: it never does."""
+    compress = ctx.route.section("compress")
+    return int(compress.trigger * ctx.window) if compress is not None and compress.enabled else None
+
+
 class Accountant:
     def __init__(self, store: Store, metrics: Metrics, log_content: bool = False, shared: bool = False) -> None:
         """`shared`: other processes serve this proxy's sessions too (Previous: traces are read from the store)."""
@@ -175,7 +181,7 @@ class Accountant:
             "compacted": f.compacted, "compactions": len(f.compactions),
             "read_rounds": rounds.done if rounds is not None else 0, "read_handles": len(read.handles),
             "overhead_ms": round(o.overhead_s * 1000, 3), "upstream_ms": round(o.upstream_s * 1000, 3),
-            "degraded": f.degraded,
+            "degraded": f.degraded, "window": ctx.window, "trigger": _trigger(ctx),
         }
 
     def _metrics(self, ctx: RequestContext, e: dict[str, Any], o: Outcome, f: Figures) -> None:
