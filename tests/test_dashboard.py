@@ -309,8 +309,8 @@ def test_dashboard_shows_the_crafted_figures_and_what_went_upstream(chromium, up
     upstream.reset()
     with make(crafted.INSPECT_DEFAULTS, "summary") as p:
         agent = crafted.drive_summary(p, upstream, "sk-dashboard", session)
-        # row 2 of its timeline is the summary call (the proxy's own), row 3 the turn that compacted with it
-        summary_dom = dump_dom(chromium, f"{p.url}/ctx/ui#session={session}&request=3", tmp_path)
+        # its timeline: request 1, the summary call request 2 made (the proxy's own, 2.1), request 2 itself
+        summary_dom = dump_dom(chromium, f"{p.url}/ctx/ui#session={session}&request=2", tmp_path)
 
     assert 'data-state="ready"' in dom
     # the tiles: the crafted session's known figures

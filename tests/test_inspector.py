@@ -63,18 +63,18 @@ def test_inspector_shows_what_was_sent_upstream(upstream, tmp_path):
         agent = crafted.drive_summary(p, upstream, key, session)
         client = crafted.summary_requests()
         mine = {"authorization": f"Bearer {key}"}
-        # the timeline: the first turn, the summary call the second one made (the proxy's own), the second turn
-        first, own, second = (inspect(p, session, n, mine) for n in (1, 2, 3))
+        # the timeline: the first turn, the summary call the second one made (the proxy's own: 2.1), the second turn
+        first, own, second = (inspect(p, session, n, mine) for n in ("1", "2.1", "2"))
         by_id = inspect(p, session, second.json()["request_id"], ADMIN)
-        other = [inspect(p, session, 3, {"authorization": "Bearer sk-someone-else"}),
+        other = [inspect(p, session, 2, {"authorization": "Bearer sk-someone-else"}),
                  p.get(f"/ctx/v1/sessions/{session}", headers={"authorization": "Bearer sk-someone-else"})]
-        missing = inspect(p, session, 4, mine)
-        printed = cli("--url", p.url, "--token", "s3cret", "--session", session, "--request", "3")
+        missing = inspect(p, session, 3, mine)
+        printed = cli("--url", p.url, "--token", "s3cret", "--session", session, "--request", "2")
         printed_first = cli("--url", p.url, "--api-key", key, "--session", session, "--request", "1")
-        as_json = cli("--url", p.url, "--token", "s3cret", "--session", session, "--request", "3", "--json")
+        as_json = cli("--url", p.url, "--token", "s3cret", "--session", session, "--request", "2", "--json")
 
     assert first.status_code == second.status_code == 200, first.text
-    assert own.status_code == 404 and "was no turn (summary" in own.json()["error"]["message"]
+    assert own.status_code == 404 and "the proxy's own call made for request 2 (summary" in own.json()["error"]["message"]
     assert by_id.status_code == 200 and by_id.json()["messages"] == second.json()["messages"]
     one, two = first.json(), second.json()
     check_against_upstream(one, client[0], agent[0])
@@ -119,8 +119,8 @@ def test_log_content_records_the_clients_messages(upstream, tmp_path, caplog):
     with ProxyServer(settings(upstream, tmp_path, log_content=True)) as p:  # `ctxproxy stats --url`: a socket
         key, session = f"sk-{uuid.uuid4().hex[:8]}", f"logged-{uuid.uuid4().hex[:8]}"
         crafted.drive_summary(p, upstream, key, session)
-        data = inspect(p, session, 3, {"authorization": f"Bearer {key}"}).json()  # 2: the summary call
-        printed = cli("--url", p.url, "--api-key", key, "--session", session, "--request", "3")
+        data = inspect(p, session, 2, {"authorization": f"Bearer {key}"}).json()  # 2.1: the summary call
+        printed = cli("--url", p.url, "--api-key", key, "--session", session, "--request", "2")
     client = crafted.summary_requests()
     assert data["client_content"] is True
     for m in data["messages"]:

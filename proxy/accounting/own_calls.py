@@ -56,3 +56,25 @@ def own_call_counts(usage: Usage) -> dict[str, int | float]:
     """The counters one call adds to (proxy/accounting/counters.py FIELDS)."""
     return {"own_calls": 1, "own_prompt": usage.prompt, "own_cached": usage.cached or 0,
             "own_completion": usage.completion}
+
+
+def numbered(timeline: list[dict[str, Any]]) -> list[str]:
+    """Each entry's number as people read a session: its client requests 1, 2, 3... in order, and each of the
+    proxy's own calls under the request that made it (`3.1`, `3.2`: summaries written for request 3, whether
+    logged before it or after). A call whose request is not in the log goes under the request before it."""
+    number: dict[str, int] = {}
+    n = 0
+    for e in timeline:
+        if "started_by" not in e:
+            n += 1
+            number[str(e.get("request_id"))] = n
+    out, under, last = [], dict[int, int](), 0
+    for e in timeline:
+        if "started_by" not in e:
+            last = number[str(e.get("request_id"))]
+            out.append(str(last))
+            continue
+        parent = number.get(str(e["started_by"]), last)
+        under[parent] = under.get(parent, 0) + 1
+        out.append(f"{parent}.{under[parent]}")
+    return out

@@ -145,13 +145,15 @@ def _session_lines(data: dict[str, Any]) -> list[str]:
            ""]
     rows = []
     for i, r in enumerate(data.get("requests") or [], 1):
+        label = str(r.get("n", i))  # the proxy's own calls under the request that made them: "  3.1"
         status = (str(r.get("status")) + (" stream" if r.get("stream") else "")
                   + (" degraded" if r.get("degraded") else "")
                   + (f" {r['kind']}" if r.get("kind", "turn") != "turn" else ""))  # a count_tokens, a pass-through
         offl = f"{r.get('offloaded_new', 0)}/{r['offloaded']}" if r.get("offloaded") or r.get("offloaded_new") else "-"
         comp = r.get("compacted") or "-"
         cause = r.get("break") or (f"error: {r['error']}" if r.get("error") else "-")
-        rows.append([str(i), _clock(r["ts"]), status, _num(r.get("prompt")), _num(r.get("cached")),
+        rows.append(["  " + label if "." in label else label, _clock(r["ts"]), status, _num(r.get("prompt")),
+                     _num(r.get("cached")),
                      _num(r.get("cacheable")), offl, comp, _num(r.get("saved")), _num(r.get("read_rounds")),
                      _num(r.get("overhead_ms"), 1), cause])
     if not rows:

@@ -24,6 +24,7 @@ from proxy.accounting.counters import (
     texts_key,
     timeline_key,
 )
+from proxy.accounting.own_calls import numbered
 from proxy.accounting.stats import stats
 from proxy.engine.routing import api_key_of, tenant_id
 from proxy.errors import NotFound, StoreUnavailable, Unauthorized
@@ -108,31 +109,36 @@ async def get_session(request: Request) -> Response:
         timeline = [orjson.loads(x) for x in await store.read_log(timeline_key(tenant, wanted))]
     except StoreError:
         raise StoreUnavailable("the proxy's store is unreachable") from None
+    for e, n in zip(timeline, numbered(timeline)):
+        e["n"] = n
     return _json({"session": wanted, "summary": summary, "requests": timeline})
 
 
 async def get_request(request: Request) -> Response:
     """One request of a session in the inspector: what went upstream, against what the client sent.
 
-    `{n}` is the request's number in the session's timeline (1 = the oldest kept,
-    as `ctxproxy stats --session` and the dashboard number them) or its request id.
+    `{n}` is the request's number in the session's timeline as `ctxproxy stats --session` and the dashboard
+    number it (client requests 1, 2, 3...; the proxy's own calls under the request that made them: 3.1), or
+    its request id.
     """
     wanted, which = request.path_params["session"], request.path_params["n"]
     store = state_of(request).store
     try:
         tenant = await _tenant_of(request, wanted)
         timeline = [orjson.loads(x) for x in await store.read_log(timeline_key(tenant, wanted))]
-        n = int(which) if which.isdigit() else next((i + 1 for i, e in enumerate(timeline)
-                                                     if e.get("request_id") == which), 0)
-        if not 1 <= n <= len(timeline):
-            raise NotFound(f"no request {which!r} in session {wanted!r} (it has {len(timeline)})",
+        labels = numbered(timeline)
+        at = next((i for i, (e, n) in enumerate(zip(timeline, labels)) if which in (n, e.get("request_id"))), None)
+        if at is None:
+            raise NotFound(f"no request {which!r} in session {wanted!r} (its client requests are numbered 1 to "
+                           f"{sum('.' not in n for n in labels)}; the proxy's own calls n.1, n.2)",
                            code="request_not_found")
-        entry = timeline[n - 1]
+        entry, n = timeline[at], labels[at]
         if entry.get("kind", "turn") != "turn":
-            raise NotFound(f"request {n} of session {wanted!r} was no turn ({entry['kind']}, status "
-                           f"{entry.get('status')}): no prompt went upstream for the inspector to show",
-                           code="request_not_found")
-        rec = await _inspect_record(store, tenant, wanted, entry["request_id"], n - 1 - len(timeline))
+            made = f"the proxy's own call made for request {n.split('.')[0]}" if "." in n else "no turn"
+            raise NotFound(f"request {n} of session {wanted!r} was {made} ({entry['kind']}, status "
+                           f"{entry.get('status')}, prompt {entry.get('prompt')} tokens): the inspector shows the "
+                           f"prompts of turns", code="request_not_found")
+        rec = await _inspect_record(store, tenant, wanted, entry["request_id"], at - len(timeline))
         if rec is None:
             raise NotFound(f"request {n} of session {wanted!r} has no inspector record (only the newest "
                            f"{INSPECT_MAX} requests of a session keep one)", code="request_not_found")
@@ -142,7 +148,7 @@ async def get_request(request: Request) -> Response:
             texts[t["d"]] = t["m"]
     except StoreError:
         raise StoreUnavailable("the proxy's store is unreachable") from None
-    return _json({"session": wanted, "request": n, "request_id": entry["request_id"], "entry": entry,
+    return _json({"session": wanted, "request": n, "request_id": entry["request_id"], "entry": {**entry, "n": n},
                   **inspector.expand(rec, texts)})
 
 
