@@ -219,6 +219,7 @@ def test_alignment_accounts_for_every_message_once():
     import random
 
     from proxy.accounting.figures import align
+    from proxy.rewrite.marks import legacy_kind
 
     def msg(text: str) -> dict:
         return {"role": "tool", "tool_call_id": "x", "content": text}
@@ -242,7 +243,7 @@ def test_alignment_accounts_for_every_message_once():
             if rng.random() < 0.1:
                 sent.append(b"s%d" % i)
                 messages.append({"role": "user", "content": "<agent_status>\nturn: 1"})
-        segments = align(CHAT, client, sent, messages)
+        segments = align(lambda pos: legacy_kind(CHAT.first_text(messages[pos])), client, sent)
         placed_sent, placed_client = [], []
         for seg in segments:
             if seg[0] == "c":
@@ -278,3 +279,22 @@ def test_usage_of_several_calls_is_summed_in_the_providers_spelling():
                                         "cache_creation_input_tokens": 30, "output_tokens": 6}]
     u = parse_usage(summed(anthropic))
     assert (u.prompt, u.cached, u.cache_write, u.completion) == (2070, 2010, 30, 10)
+
+
+def test_a_reworded_placeholder_moves_no_figure(proxy, upstream, monkeypatch):
+    """What the proxy wrote is said by the transform that wrote it, never read back from its wording: placeholders
+    worded otherwise than today are charged exactly as before (offload savings, placeholders in effect)."""
+    import proxy.rewrite.offload as offload
+
+    key = f"sk-{uuid.uuid4().hex[:8]}"
+    before = crafted.drive(proxy, upstream, key, f"crafted-{uuid.uuid4().hex[:8]}")
+    build = offload.build_placeholder
+    monkeypatch.setattr(offload, "build_placeholder", lambda *a, **k: "Reworded: " + build(*a, **k))
+    run = crafted.drive(proxy, upstream, f"sk-{uuid.uuid4().hex[:8]}", f"crafted-{uuid.uuid4().hex[:8]}")
+    assert any(m["content"].startswith("Reworded: ") for m in upstream.requests[-1].json["messages"]
+               if m["role"] == "tool")
+    for was, now in zip(before.responses, run.responses):
+        assert now.headers["x-ctxproxy-offloaded"] == was.headers["x-ctxproxy-offloaded"]
+    assert [e.placeholders for e in run.expected] == [e.placeholders for e in before.expected]
+    data = get(proxy, f"/ctx/v1/sessions/{run.session}", run.responses[0].request.headers["authorization"][7:])
+    assert [e["saved_offload"] > 0 for e in data["requests"]] == [True, True, True]

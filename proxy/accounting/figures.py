@@ -31,24 +31,17 @@ accounting trace computed); it never changes what is sent upstream.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from proxy.accounting.prefix_check import PrefixTrace
 from proxy.request import Conversation
 from proxy.request.events import Compacted, Degraded, Offloaded
-from proxy.rewrite.marks import PLACEHOLDER_MARK as _MARK
-from proxy.rewrite.marks import STATUS_OPEN, SUMMARY_OPEN, SYNTHETIC_RESULT
+from proxy.rewrite.marks import ARCHIVE, CLEARED, OFFLOAD, REWRITTEN, STATUS, SUMMARY, SYNTHETIC, legacy_kind
 from proxy.tokens.counter import default_counter
 from proxy.tokens.prefix import common_prefix
-from proxy.wire.codec import Codec, Item
 
-_HANDLE = re.compile(r'handle="(ctx_[0-9a-f]{20})"')
-# Kinds of messages the proxy writes, and the figure each is charged to.
-OFFLOAD, CLEARED, SUMMARY, ARCHIVE, SYNTHETIC, STATUS, REWRITTEN = (
-    "offload", "cleared", "summary", "archive", "synthetic", "status", "rewritten")
 CATEGORY = {OFFLOAD: "offload", CLEARED: "compress", SUMMARY: "compress", ARCHIVE: "compress",
             SYNTHETIC: "compress", STATUS: "added", REWRITTEN: "added"}
 GIVEN_KINDS = frozenset({OFFLOAD, CLEARED})  # placeholders whose handle counts for the read-back rate
@@ -61,32 +54,13 @@ _INSERTED = frozenset({STATUS, SYNTHETIC})  # written beside the client's messag
 Segment = tuple[Literal["c", "x"], int, int] | tuple[Literal["p"], int, str, int, int]
 
 
-def kind_of(wire: Codec, message: Item) -> str:
-    """What a message the proxy wrote is, from the marks every such message starts with."""
-    text = wire.first_text(message)
-    if text.startswith(STATUS_OPEN):
-        return STATUS
-    if text.startswith(SUMMARY_OPEN):
-        return SUMMARY
-    if text == SYNTHETIC_RESULT:
-        return SYNTHETIC
-    if text.startswith(_MARK):
-        first = text.split("\n", 1)[0]
-        if first.startswith(_MARK + " cleared tool result"):
-            return CLEARED
-        if " were archived " in first:
-            return ARCHIVE
-        if " stored whole (" in first:
-            return OFFLOAD
-    return REWRITTEN
+def written(conv: Conversation, pos: int) -> tuple[str, str | None]:
+    """What the message sent at `pos` is and the handle it names, as the transform that wrote it said
+    (Conversation.wrote); a message nobody said is one the proxy rewrote otherwise."""
+    return conv.written_at(pos) or (REWRITTEN, None)
 
 
-def handle_in(wire: Codec, message: Item) -> str | None:
-    m = _HANDLE.search(wire.first_text(message))
-    return m.group(1) if m else None
-
-
-def align(wire: Codec, client: Sequence[bytes], sent: Sequence[bytes], sent_messages: Sequence[Item]) -> list[Segment]:
+def align(kind_at: Callable[[int], str], client: Sequence[bytes], sent: Sequence[bytes]) -> list[Segment]:
     """The prompt as sent, segment by segment, against the client's messages (by digest).
 
     Runs the client's messages share with what was sent are found in C; between
@@ -116,13 +90,13 @@ def align(wire: Codec, client: Sequence[bytes], sent: Sequence[bytes], sent_mess
                 except ValueError:  # only earlier in the client's list: not where it continues
                     pass
             i += 1
-        out += _group(wire, range(start, i), j, anchor, sent_messages)
+        out += _group(kind_at, range(start, i), j, anchor)
         j = anchor
     return out
 
 
-def _group(wire: Codec, positions: range, start: int, stop: int, sent_messages: Sequence[Item]) -> list[Segment]:
-    kinds = [kind_of(wire, sent_messages[p]) for p in positions]
+def _group(kind_at: Callable[[int], str], positions: range, start: int, stop: int) -> list[Segment]:
+    kinds = [kind_at(p) for p in positions]
     replacing = [p for p, k in zip(positions, kinds) if k not in _INSERTED]
     span = stop - start
     out: list[Segment] = []
@@ -193,13 +167,10 @@ def measure(conv: Conversation, trace: PrefixTrace) -> Figures:
     so with the session's memo only the messages new in this request are
     tokenized (and the memo keeps their counts for the next one).
     """
-    sent_messages = list(conv.messages)
-    for i, m in conv.unmarked.items():  # cache markers are not content
-        sent_messages[i] = m
     client_counts = conv.counts(conv.client_messages)
     client_tool_tokens = default_counter.count_tools(client_tools(conv), conv.model)
     system = conv.prefix_tokens()  # the top-level system prompt: the client's and the sent one are the same
-    segments = align(conv.wire, trace.raw, trace.sent, sent_messages)
+    segments = align(lambda pos: written(conv, pos)[0], trace.raw, trace.sent)
     saved = {"offload": 0, "compress": 0, "added": 0}
     placeholders = 0
     given: dict[str, None] = {}  # handles in order, distinct
@@ -209,12 +180,13 @@ def measure(conv: Conversation, trace: PrefixTrace) -> Figures:
             saved[CATEGORY[kind]] += sum(client_counts[start:stop]) - trace.counts[pos]
             placeholders += kind == OFFLOAD
             if kind in GIVEN_KINDS:
-                h = handle_in(conv.wire, sent_messages[pos])
+                h = written(conv, pos)[1]
                 if h:
                     given[h] = None
         elif seg[0] == "x":
             _, start, stop = seg
-            statuses = all(kind_of(conv.wire, m) == STATUS for m in conv.client_messages[start:stop])
+            # statuses a client sent back (its copy of the proxy's text), left out: they were the proxy's to begin with
+            statuses = all(legacy_kind(conv.wire.first_text(m)) == STATUS for m in conv.client_messages[start:stop])
             saved["added" if statuses else "compress"] += sum(client_counts[start:stop])
     events = conv.earlier_events + conv.events
     new = dict.fromkeys(e.handle for e in events if isinstance(e, Offloaded) and e.new)

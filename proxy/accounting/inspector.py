@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from itertools import repeat
 from typing import Any
 
-from proxy.accounting.figures import Figures, client_tools, handle_in
+from proxy.accounting.figures import Figures, client_tools, written
 from proxy.accounting.prefix_check import PrefixTrace
 from proxy.request import Conversation
 from proxy.tokens.counter import default_counter, message_digest
@@ -79,7 +79,7 @@ def record(request_id: str, conv: Conversation, trace: PrefixTrace, figures: Fig
             _, pos, kind, start, stop = seg
             m = conv.unmarked.get(pos, sent[pos])
             segments.append(["p", pos, kind, start, stop, conv.wire.label(m), trace.counts[pos],
-                             short(trace.sent[pos]), handle_in(conv.wire, m)])
+                             short(trace.sent[pos]), written(conv, pos)[1]])
         else:
             segments.append(list(seg))
     raw = conv.raw

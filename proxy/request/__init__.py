@@ -99,6 +99,8 @@ class Conversation:
     read_tool: ReadTool | None = None
     client_messages: list[Item] = field(default_factory=list)  # as the client sent them
     unmarked: dict[int, Item] = field(default_factory=dict)  # sent items before cache markers were added
+    # id of each item a transform wrote -> (its kind, the handle it names): proxy/rewrite/marks.py
+    written: dict[int, tuple[str, str | None]] = field(default_factory=dict)
     # what a transform keeps for this request between its restore and its apply, under its name (the status
     # bar's: where its earlier statuses stood); no other transform reads it
     owned: dict[str, object] = field(default_factory=dict)
@@ -128,6 +130,19 @@ class Conversation:
         if self._tools is None:
             self._tools = (self.wire.tools(self.body),)
         return self._tools[0]
+
+    def wrote(self, item: Item, kind: str, handle: str | None = None) -> Item:
+        """`item`, which a transform wrote: what it is (a placeholder, a summary, a status) and the handle it
+        names are said here, never read back from its text."""
+        self.written[id(item)] = (kind, handle)
+        return item
+
+    def written_at(self, pos: int) -> tuple[str, str | None] | None:
+        """What the item sent at `pos` is, if a transform wrote it (before or after a cache marker was added)."""
+        found = self.written.get(id(self.messages[pos]))
+        if found is None and pos in self.unmarked:
+            found = self.written.get(id(self.unmarked[pos]))
+        return found
 
     def set_tools(self, tools: list[Any]) -> None:
         """The tools as sent from now on. Where they are the counted ones plus some (the read tool appended), their

@@ -32,6 +32,7 @@ from proxy.request import Conversation, RequestContext
 from proxy.request.events import Offloaded
 from proxy.rewrite.context_read.tool import read_tool_name
 from proxy.rewrite.first_send import FirstSend
+from proxy.rewrite.marks import OFFLOAD
 from proxy.rewrite.preview import PreviewShape, build_placeholder, error_matcher
 from proxy.rewrite.settings import MIN_THRESHOLD_TOKENS, OffloadSettings, Peers
 from proxy.store.archive import Archive, content_handle
@@ -156,7 +157,7 @@ class Offload:
             elif decision.get("unsent") and ctx.purpose != "count":  # stored by a count: the first turn counts it
                 new = await self._first_send.claim(  # per route, as the decision is
                     ctx.store, route_key(ctx.tenant, ctx.route.name, "sent", DECISION_KIND, handle), archive.ttl)
-            messages[i] = conv.wire.with_text(messages[i], decision["placeholder"])
+            messages[i] = conv.wrote(conv.wire.with_text(messages[i], decision["placeholder"]), OFFLOAD, handle)
             events.append(Offloaded(handle, decision["tokens"], decision["tokens"] - decision["preview_tokens"], new))
         if events:
             conv.set_messages(messages)

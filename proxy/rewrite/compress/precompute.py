@@ -60,7 +60,7 @@ class Ready:
     upto: int
     message: dict[str, Any]
     usage: list[Any]
-
+    handle: str  # of the transcript it summarizes
 
 def _key(log: CompactionLog, conv: Conversation, view: View) -> str:
     """Named by what the span follows (the recorded prefix in effect, or none), not by a version number:
@@ -154,7 +154,7 @@ class Precomputer:
         (message,) = await records.get("summary", [record["handle"]], adopt_any)
         if message is None:
             return None
-        return Ready(upto, message, record.get("usage") or [])
+        return Ready(upto, message, record.get("usage") or [], record["handle"])
 
     def busy(self) -> bool:
         """Whether a background summary is still being written (read from any thread: the set is copied)."""

@@ -35,6 +35,7 @@ from proxy.store.decisions import LEGACY_FALLBACK
 from proxy.store.keys import route_session_key, session_key
 from proxy.wire import jsonio
 
+Kind = tuple[str, str | None] | None  # what the proxy wrote: (kind, the handle it names); None: the client's
 PREFIX_CACHE = 256  # recorded prefixes kept in process, by (tenant, session, version)
 
 
@@ -49,6 +50,9 @@ class View:
     version: int
     unsent: dict[str, Any] | None = None  # the record's compaction, when a count wrote it (proxy/rewrite/first_send.py)
     reserve: int = 0  # the answer reserve (max_tokens) of the turn that compacted: what a count assumes
+    # what each of the first `kept` messages is, if the proxy wrote it: (kind, handle) (proxy/rewrite/marks.py);
+    # None: a record written before records kept them
+    kinds: list[Kind] | None = None
 
     def raw_index(self, i: int) -> int:
         """The client's index of `messages[i]`, for i at or after the recorded prefix."""
@@ -64,6 +68,7 @@ class Record:
     prefix: list[Message]
     unsent: dict[str, Any] | None = None  # as View.unsent
     reserve: int = 0  # as View.reserve
+    kinds: list[Kind] | None = None  # as View.kinds
 
 
 class CompactionLog:
@@ -91,17 +96,19 @@ class CompactionLog:
                 return None
             prefix = jsonio.loads(raw)
             cache.put(key, prefix)
+        kinds = head.get("kinds")
         return Record(head["version"], head["upto"], bytes.fromhex(head["chain"]), head["layer"], prefix,
-                      head.get("unsent"), head.get("reserve", 0))
+                      head.get("unsent"), head.get("reserve", 0),
+                      [tuple(k) if k else None for k in kinds] if isinstance(kinds, list) else None)
 
     async def write(self, version: int, upto: int, chain_at: bytes, layer: str, prefix: list[Message],
-                    unsent: dict[str, Any] | None = None, reserve: int = 0) -> None:
+                    unsent: dict[str, Any] | None = None, reserve: int = 0, kinds: list[Kind] | None = None) -> None:
         """Prefix first, then the pointer: a reader never sees a pointer to nothing. `unsent`: the compaction
         as its events record it, when the request writing it sends no turn (a count); `reserve`: the answer
         reserve its trigger counted."""
         await self.store.put(f"{self.base}:{version}", jsonio.dumps(prefix), ttl=self.ttl)
         head: dict[str, Any] = {"version": version, "upto": upto, "chain": chain_at.hex(), "layer": layer,
-                                "reserve": reserve}
+                                "reserve": reserve, "kinds": kinds or [None] * len(prefix)}
         if unsent is not None:
             head["unsent"] = unsent
         await self.store.put_json(self.base, head, ttl=self.ttl)
@@ -118,4 +125,4 @@ def replay(record: Record | None, raw: list[Message], digests: list[bytes], coun
         return View(raw, counts, 0, 0, record.version if record else 0, reserve=record.reserve if record else 0)
     assert prefix_counts is not None
     return View(record.prefix + raw[record.upto:], prefix_counts + counts[record.upto:], len(record.prefix),
-                record.upto, record.version, record.unsent, record.reserve)
+                record.upto, record.version, record.unsent, record.reserve, record.kinds)

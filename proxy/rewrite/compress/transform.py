@@ -32,7 +32,7 @@ from proxy.request.events import ClientCompacts, Compacted, CompactionInEffect, 
 from proxy.rewrite.cache_hints import cache_fields
 from proxy.rewrite.compress.history import Message, chain, head_end, identifiers, repair_pairing, tail_start, text_of
 from proxy.rewrite.compress.precompute import Precomputer
-from proxy.rewrite.compress.record import PREFIX_CACHE, CompactionLog, Record, View, replay
+from proxy.rewrite.compress.record import PREFIX_CACHE, CompactionLog, Kind, Record, View, replay
 from proxy.rewrite.compress.summarizer import (
     IN_PLACE_PROMPT,
     SECTIONS,
@@ -50,7 +50,15 @@ from proxy.rewrite.compress.summary_limit import within_limit
 from proxy.rewrite.context_read.tool import read_tool_name
 from proxy.rewrite.context_read.transform import has_placeholders, tools_as_sent
 from proxy.rewrite.first_send import FirstSend
-from proxy.rewrite.marks import PLACEHOLDER_MARK, SUMMARY_OPEN
+from proxy.rewrite.marks import (
+    ARCHIVE,
+    CLEARED,
+    PLACEHOLDER_MARK,
+    SUMMARY,
+    SUMMARY_OPEN,
+    SYNTHETIC,
+    legacy_written,
+)
 from proxy.rewrite.preview import read_call
 from proxy.rewrite.settings import CompressSettings, Peers
 from proxy.store.archive import Archive, content_handle
@@ -153,7 +161,15 @@ class Compress:
         elif not own:
             await self.precomputer.maybe_start(conv, ctx, log, view, fixed)
         if view.kept:
-            conv.set_messages(repair_pairing(conv.wire, view.messages))
+            paired = repair_pairing(conv.wire, view.messages)
+            for m, kind in zip(view.messages, _kinds(conv.wire, view)):
+                if kind is not None:
+                    conv.wrote(m, *kind)
+            ours = set(map(id, view.messages))
+            for m in paired:
+                if id(m) not in ours:  # a call's missing result, filled in
+                    conv.wrote(m, SYNTHETIC)
+            conv.set_messages(paired)
             conv.events.append(CompactionInEffect(view.version, view.kept))
         return conv
 
@@ -202,10 +218,13 @@ class Compress:
             before = sum(view.counts) + fixed
             if before <= s.trigger * ctx.window:
                 return view
-            result = await self._layers(conv, ctx, log, view, fixed)
+            made: dict[int, Kind] = {}  # what this compaction writes, by object
+            result = await self._layers(conv, ctx, log, view, fixed, made)
             if result is None:
                 return view
             new, layer, detail = result
+            before_kinds = dict(zip(map(id, view.messages), _kinds(conv.wire, view)))
+            new.kinds = [made.get(id(m)) or before_kinds.get(id(m)) for m in new.messages[:new.kept]]
             after = sum(new.counts) + fixed
             if after >= before:  # nothing to gain: forward as is rather than break the cache for nothing
                 return view
@@ -216,7 +235,8 @@ class Compress:
             extra = fixed - conv.head_tokens()  # reply priming and the reserve: in the trigger, not in the prompt
             done = Compacted(layer, before - extra, after - extra, {**detail, "output_reserve": reserve})
             await log.write(view.version + 1, cut, upto[-1], layer, new.messages[:new.kept],
-                            unsent=done.as_record() if ctx.purpose != "turn" else None, reserve=reserve)
+                            unsent=done.as_record() if ctx.purpose != "turn" else None, reserve=reserve,
+                            kinds=new.kinds)
             self._heads.pop(log.base)  # read again, as written
             new.version = view.version + 1
             conv.events.append(done)
@@ -225,7 +245,8 @@ class Compress:
             return new
 
     async def _layers(self, conv: Conversation, ctx: RequestContext, log: CompactionLog, view: View,
-                      fixed: int) -> tuple[View, str, dict[str, Any]] | None:
+                      fixed: int, made: dict[int, Kind]) -> tuple[View, str, dict[str, Any]] | None:
+        """The first layer that brings the prompt under the target; each message it writes said in `made`."""
         s, model, wire = self.settings, conv.model, conv.wire
         msgs, counts = view.messages, view.counts
         h = head_end(wire, msgs)
@@ -239,7 +260,8 @@ class Compress:
         def with_tail(head: list[Message], counts_head: list[int]) -> View:
             return View(head + msgs[t:], counts_head + counts[t:], len(head), view.raw_index(t), view.version)
 
-        cleared, cleared_counts, n = await self._clear(wire, msgs[:t], counts[:t], h, archive, tool, model)
+        ours = set(conv.written) | {id(m) for m, kind in zip(msgs, _kinds(wire, view)) if kind is not None}
+        cleared, cleared_counts, n = await self._clear(wire, msgs[:t], counts[:t], h, archive, tool, model, made, ours)
         layer1 = with_tail(cleared, cleared_counts)
         if sum(layer1.counts) + fixed <= s.target * ctx.window:
             return layer1, "clear", {"cleared": n}
@@ -250,6 +272,7 @@ class Compress:
         why: dict[str, Any] = {}
         ready = await self.precomputer.ready(conv, ctx, log, view) if s.summary and s.precompute else None
         if ready is not None:
+            made[id(ready.message)] = (SUMMARY, ready.handle)
             layer2 = View(msgs[:h] + [ready.message] + msgs[ready.upto:],
                           counts[:h] + default_counter.message_counts([ready.message], model) + counts[ready.upto:],
                           h + 1, view.raw_index(ready.upto), view.version)
@@ -258,7 +281,7 @@ class Compress:
                                            "precomputed": True}
             if ready.upto < t:  # what arrived since the summary was made: its tool results cleared, losslessly
                 cleared, cleared_counts, n = await self._clear(wire, msgs[:t], counts[:t], ready.upto, archive, tool,
-                                                               model)
+                                                               model, made, ours)
                 head = msgs[:h] + [ready.message] + cleared[ready.upto:t]
                 head_counts = layer2.counts[:h + 1] + cleared_counts[ready.upto:t]
                 both = with_tail(head, head_counts)
@@ -271,7 +294,8 @@ class Compress:
             why = {"summary_calls": list(ready.usage)}
         if s.summary and not await ctx.store.get(log.breaker):
             try:
-                summary, usage, _ = await self.summary_for(conv, ctx, archive, h, t, view, tool)
+                summary, usage, handle = await self.summary_for(conv, ctx, archive, h, t, view, tool)
+                made[id(summary)] = (SUMMARY, handle)
                 head = msgs[:h] + [summary]
                 layer2 = with_tail(head, counts[:h] + default_counter.message_counts([summary], model))
                 earlier = why.get("summary_calls", [])
@@ -296,8 +320,9 @@ class Compress:
         await archive.put_text(handle, full)
         text = (f"{PLACEHOLDER_MARK} {len(span)} earlier messages ({sum(counts[h:t]):,} tokens) were archived to "
                 f"fit the context window and could not be summarized. Read them with {read_call(tool, handle)}]")
-        bare = with_tail(msgs[:h] + [wire.message("user", text)],
-                         counts[:h] + default_counter.message_counts([wire.message("user", text)], model))
+        note = wire.message("user", text)
+        made[id(note)] = (ARCHIVE, handle)
+        bare = with_tail(msgs[:h] + [note], counts[:h] + default_counter.message_counts([note], model))
         # The identifiers of what was archived go with it, as under a summary, where there is room for them:
         # without them a later summary cannot know the names the archived messages (or their summary) held.
         room_left = min(ctx.window * s.identifiers_max_share, room - sum(bare.counts) - fixed)
@@ -306,6 +331,7 @@ class Compress:
         if not listing:
             return bare, "archive", {"archived": len(span), **why}
         note = wire.message("user", text + "\n" + listing)
+        made[id(note)] = (ARCHIVE, handle)
         return with_tail(msgs[:h] + [note], counts[:h] + default_counter.message_counts([note], model)), "archive", \
             {"archived": len(span), **why}
 
@@ -324,7 +350,9 @@ class Compress:
         return CachedPrefix(marked_at_end(conv, view.messages[:t], limit), tools, extra)
 
     async def _clear(self, wire: Codec, msgs: list[Message], counts: list[int], h: int, archive: Archive, tool: str,
-                     model: Any) -> tuple[list[Message], list[int], int]:
+                     model: Any, made: dict[int, Kind], ours: set[int]) -> tuple[list[Message], list[int], int]:
+        """Tool results over min_clear_tokens stored and replaced by a placeholder, losslessly; never what the
+        proxy wrote itself (`ours`: by object; a placeholder's mark: a client's copy of one)."""
         names = await offloop.run_unless_light(msgs, call_names, wire, msgs)
         out, out_counts, n = list(msgs), list(counts), 0
         async for span in offloop.spans(h, len(msgs)):  # the loop gets a turn between spans of messages
@@ -334,13 +362,14 @@ class Compress:
                     continue
                 name = names.get(wire.answers(m)) or "tool"
                 text = text_of(wire, m)
-                if counts[i] < self.settings.min_clear_tokens \
+                if counts[i] < self.settings.min_clear_tokens or id(m) in ours \
                         or name in self.settings.exclude_tools or text.startswith(PLACEHOLDER_MARK):
                     continue
                 handle = await offloop.run_if(len(text), content_handle, f"tool:tool result of {name}", text)
                 await archive.put_text(handle, text)
                 out[i] = wire.replaced(m, f"{PLACEHOLDER_MARK} cleared tool result of {name} ({counts[i]:,} "
                                                  f"tokens); read it back with {read_call(tool, handle)}]")
+                made[id(out[i])] = (CLEARED, handle)
                 out_counts[i] = default_counter.count_message(out[i], model)
                 n += 1
         return out, out_counts, n
@@ -398,3 +427,11 @@ class Compress:
             f"into this summary; the full transcript: {read_call(tool, handle)}]\n\n{text}\n{listing}\n"
             f"</context_summary>"))
         return await records.record("summary", handle, message), usage, handle
+
+
+def _kinds(wire: Codec, view: View) -> list[Kind]:
+    """What each message of the view's recorded prefix is, as its record says (read from the text only for a
+    record written before records kept their kinds)."""
+    if view.kinds is not None:
+        return view.kinds
+    return [legacy_written(wire.first_text(m)) for m in view.messages[:view.kept]]

@@ -33,7 +33,7 @@ from proxy import offloop
 from proxy.lru import LRU
 from proxy.request import Conversation, RequestContext
 from proxy.request.events import CompactionInEffect, Offloaded, StatusAdded, StatusSkipped
-from proxy.rewrite.marks import STATUS_OPEN
+from proxy.rewrite.marks import STATUS, STATUS_OPEN
 from proxy.rewrite.settings import Peers, StatusBarSettings
 from proxy.rewrite.status_bar.clock import SessionClock
 from proxy.rewrite.status_bar.trajectory import (
@@ -113,6 +113,8 @@ class StatusBar:
                 # one object per recorded status, reused by later requests (its digest and count are memoized)
                 statuses.append(e.get("_message") or e.setdefault(
                     "_message", conv.wire.message(self.settings.role, e["content"])))
+        for status in statuses:
+            conv.wrote(status, STATUS)
         if ks or raw is not conv.messages:
             conv.set_messages(conv.facts.insert(raw, ks, statuses))
         return conv
@@ -177,7 +179,7 @@ class StatusBar:
         if used + conv.wire.output_reserve(conv.body) > ctx.window:
             conv.events.append(StatusSkipped("would not fit the window"))
             return conv  # the status bar must never be the reason a request is rejected
-        conv.set_messages([*conv.messages, status])
+        conv.set_messages([*conv.messages, conv.wrote(status, STATUS)])
         conv.events.append(StatusAdded())
         if self.settings.mode == "append":
             await ctx.store.append_log(_status_key(ctx), orjson.dumps({"k": n, "prev": prev, "content": text}))
