@@ -25,6 +25,7 @@ from proxy_server import ProxyServer, make_settings
 
 KEY = "Bearer gw-key"
 MARKER = re.compile(r"\[Retrieve more: hash=([0-9a-f]{12,24})\]")
+MARKER_ANY = re.compile(r"hash=([0-9a-f]{12,24})")  # an offload's marker, or a cleared result's
 
 
 def listing(n: int, lines: int = 2000) -> str:
@@ -216,3 +217,22 @@ def test_a_messages_session_through_litellm_gets_the_markers_in_its_tool_results
 def test_the_docs_show_the_litellm_config() -> None:
     doc = (Path(__file__).parent.parent / "docs" / "gateways.md").read_text()
     assert "guardrail: headroom" in doc and "/v1/compress" in doc and "audit: true" in doc
+
+
+def test_old_results_are_cleared_losslessly_row_for_row_past_the_trigger(engine: Any) -> None:
+    """Under the offload threshold but many: past the route's trigger the older results are cleared (stored whole,
+    a marker in place), never a row added, removed or summarized; the same rows twice, the same bytes."""
+    sent = [{"role": "user", "content": "Read all the worker logs."}]
+    sent += [{"role": "tool", "tool_call_id": f"call_{n}", "content": listing(n, 300)} for n in range(12)]
+    r = compress(engine, sent)
+    got = r.json()
+    assert len(got["messages"]) == len(sent) and "ctxproxy:clear" in got["transforms_applied"]
+    cleared = [m for m in got["messages"] if "cleared tool result" in str(m["content"])]
+    assert cleared and got["messages"][-1] == sent[-1]  # the newest kept verbatim
+    assert [m["tool_call_id"] for m in got["messages"][1:]] == [m["tool_call_id"] for m in sent[1:]]
+    (digest,) = MARKER_ANY.findall(cleared[0]["content"])
+    assert digest in got["ccr_hashes"]
+    n = int(cleared[0]["tool_call_id"].removeprefix("call_"))
+    back = engine.get(f"/v1/retrieve/{digest}", headers={"authorization": KEY}).json()["original_content"]
+    assert back == listing(n, 300)
+    assert compress(engine, sent).content == r.content

@@ -34,7 +34,7 @@ from proxy.engine.routing import api_key_of, tenant_id
 from proxy.engine.run import Answer, Inbound, RequestRun, context, refusal
 from proxy.errors import BadRequest, NotFound, ProxyError, StoreUnavailable
 from proxy.request import Conversation, ReadTool, RequestContext
-from proxy.request.events import Degraded, Offloaded
+from proxy.request.events import CompactionInEffect, Degraded, Offloaded
 from proxy.rewrite.context_read.tool import respond
 from proxy.rewrite.pipeline import run_pipeline
 from proxy.rewrite.preview import GATEWAY_TOOL
@@ -45,7 +45,7 @@ from proxy.tokens.counter import default_counter
 from proxy.wire.chat.codec import CHAT
 
 JSON = [(b"content-type", b"application/json")]
-_GATEWAY_TRANSFORMS = ("offload",)  # what works row by row: nothing added, removed or moved
+_GATEWAY_TRANSFORMS = ("offload", "compress")  # row by row: compress clears losslessly only (layers, transform.py)
 _MAX_RETRIEVED_LINES = 400  # of a text read back for a query: its matching lines
 
 
@@ -87,8 +87,10 @@ async def compress(st: ProxyState, inbound: Inbound) -> Answer:
         run.known.accounted = True
         run.headers.update(ledger.headers())
         fields.update(ledger.close(200))
-        hashes = list(dict.fromkeys(e.handle.removeprefix(HANDLE_PREFIX) for e in offloads))
-        answer = _answer(shaped.messages, before, after, ["ctxproxy:offload"] if offloads else [], hashes)
+        named = (shaped.written_at(i) for i in range(len(shaped.messages)))  # the handles the rows name
+        hashes = list(dict.fromkeys(w[1].removeprefix(HANDLE_PREFIX) for w in named if w and w[1]))
+        transforms = ["ctxproxy:offload"] * bool(offloads) + ["ctxproxy:clear"] * bool(shaped.kinds(CompactionInEffect))
+        answer = _answer(shaped.messages, before, after, transforms, hashes)
     run.finish(fields, status=200)
     return Answer(200, JSON, run.headers, answer)
 

@@ -53,7 +53,7 @@ GATEWAY_TOOL = "headroom_retrieve"
 def read_call(tool: str, handle: str, offset: int = 0) -> str:
     """The exact call a model (or a test) finds in a placeholder."""
     if tool == GATEWAY_TOOL:
-        return f"Retrieve more: hash={handle.removeprefix(HANDLE_PREFIX)}"
+        return f"hash={handle.removeprefix(HANDLE_PREFIX)}"
     return f'{tool}(handle="{handle}", offset={offset}, limit={READ_LIMIT_LINES})'
 
 
@@ -114,7 +114,7 @@ def _render(lines: Lines[str], size: int, what: str, handle: str, tool: str, tok
                    f"shown, with their line numbers (0-based, as offset counts)]")
         out += [f"{k}: " + _cap(lines.text, (a, b), chars) for k, a, b in middle[:errs]]
     out += [_cap(lines.text, x, chars) for x in last]
-    out.append(f"[{read_call(tool, handle)}]" if tool == GATEWAY_TOOL else
+    out.append(f"[Retrieve more: {read_call(tool, handle)}]" if tool == GATEWAY_TOOL else
                f"[read more: {read_call(tool, handle, len(first))}; offset and limit count lines; "
                f'add pattern="regex" to search]')
     return "\n".join(out)

@@ -64,15 +64,17 @@ def _in_call_run(wire: Codec, messages: Sequence[Message], i: int) -> bool:
     return part(messages[i]) and part(messages[i - 1]) and any(wire.calls(m) for m in messages[i - 1:i + 1])
 
 
-def tail_start(wire: Codec, messages: Sequence[Message], counts: Sequence[int], keep_tokens: int, lo: int) -> int:
-    """Start of the recent tail holding about `keep_tokens`, at a safe cut, never before `lo`."""
+def tail_start(wire: Codec, messages: Sequence[Message], counts: Sequence[int], keep_tokens: int, lo: int,
+               calls: bool = True) -> int:
+    """Start of the recent tail holding about `keep_tokens`, at a safe cut, never before `lo`. `calls` False: the
+    messages hold no calls (a gateway's rows), so any cut is safe."""
     total, i = 0, len(messages)
     while i > lo and total + counts[i - 1] <= keep_tokens:
         i -= 1
         total += counts[i]
     if i == len(messages) and i > lo:
         i -= 1  # the newest message always stays verbatim
-    return max(lo, safe_cut(wire, messages, i, lo))
+    return max(lo, safe_cut(wire, messages, i, lo) if calls else i)
 
 
 def repair_pairing(wire: Codec, messages: list[Message]) -> list[Message]:

@@ -158,10 +158,11 @@ class Compress:
         if over and not own:
             view = await self._compact_locked(conv, ctx, log, raw, digests, counts, view, fixed)
             await self._count_unsent(conv, ctx, log, view)  # one another request wrote while this one waited
-        elif not own:
+        elif not own and ctx.purpose != "engine":  # a gateway's rows: no summary is ever written for them
             await self.precomputer.maybe_start(conv, ctx, log, view, fixed)
         if view.kept:
-            paired = repair_pairing(conv.wire, view.messages)
+            # a gateway's rows hold no calls (it keeps the assistant rows): nothing to pair, and none may go
+            paired = view.messages if ctx.purpose == "engine" else repair_pairing(conv.wire, view.messages)
             for m, kind in zip(view.messages, _kinds(conv.wire, view)):
                 if kind is not None:
                     conv.wrote(m, *kind)
@@ -251,7 +252,8 @@ class Compress:
         msgs, counts = view.messages, view.counts
         h = head_end(wire, msgs)
         # The kept tail must leave room under the target, or a compaction cannot get there.
-        t = tail_start(wire, msgs, counts, self.tail_budget(ctx.window), max(h, view.kept))
+        t = tail_start(wire, msgs, counts, self.tail_budget(ctx.window), max(h, view.kept),
+                       calls=ctx.purpose != "engine")
         if t <= h or t < view.kept:
             return None
         archive = Archive(ctx.store, ctx.tenant, s.retention_days, ctx.archive_quota)
@@ -263,8 +265,10 @@ class Compress:
         ours = set(conv.written) | {id(m) for m, kind in zip(msgs, _kinds(wire, view)) if kind is not None}
         cleared, cleared_counts, n = await self._clear(wire, msgs[:t], counts[:t], h, archive, tool, model, made, ours)
         layer1 = with_tail(cleared, cleared_counts)
-        if sum(layer1.counts) + fixed <= s.target * ctx.window:
-            return layer1, "clear", {"cleared": n}
+        if sum(layer1.counts) + fixed <= s.target * ctx.window or (ctx.purpose == "engine" and n):
+            return layer1, "clear", {"cleared": n}  # a gateway's rows: lossless clearing only, row for row
+        if ctx.purpose == "engine":
+            return None
 
         span = msgs[h:t]
         # Every result must leave room to grow, or the next request compacts (and breaks the cache) again.
