@@ -125,3 +125,18 @@ def test_two_interleaved_conversations_with_one_opening_are_two_sessions_without
     stats = proxy.get("/ctx/v1/stats", headers=auth).json()
     totals = stats["totals"]["all"]
     assert totals["breaks"] == 0 and 0 < totals["efficiency"] <= 1.0, totals
+
+
+def test_a_turn_redone_with_another_last_message_stays_in_its_session(proxy, upstream):
+    """A client that sends its history again with only the last message changed (a turn redone, an edited prompt)
+    is the same conversation: the same session (its memo kept), not a branch of its own."""
+    auth = {"authorization": "Bearer sk-redo"}
+    history = [{"role": "system", "content": "You are a careful engineer."},
+               {"role": "user", "content": "Find the failing test."},
+               {"role": "assistant", "content": "Running the tests."},
+               {"role": "user", "content": "first try"}]
+    first = proxy.post("/v1/chat/completions", headers=auth, json={"model": "gpt-4o", "messages": history})
+    redone = proxy.post("/v1/chat/completions", headers=auth,
+                        json={"model": "gpt-4o", "messages": [*history[:-1], {"role": "user", "content": "second try"}]})
+    assert first.status_code == redone.status_code == 200
+    assert redone.headers["x-ctxproxy-session"] == first.headers["x-ctxproxy-session"]

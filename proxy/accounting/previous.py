@@ -94,14 +94,14 @@ class Previous:
         Two conversations with one opening (parallel attempts at one task, a benchmark harness) derive one
         session; a request that does not continue the session's previous one to its model is another
         conversation: the branch named after the session and its messages up to the first that differs, so every
-        request of that conversation finds the same branch, on any replica. A request the previous one
-        continues (a retry, a rewind) stays.
+        request of that conversation finds the same branch, on any replica. A request that continues the previous
+        one, rewinds it, or differs from it only in its own last message (a turn redone, an edited prompt) stays.
         """
         prev = await self._get(trace_key(tenant, session, model))
         if prev is None:
             return session
         k = common_prefix(prev.raw, raw)
-        if k >= len(prev.raw) or k >= len(raw):
+        if k >= min(len(prev.raw), len(raw) - 1):  # it continues the previous, rewinds it, or redoes its last message
             return session
         h = hashlib.blake2b(session.encode(), digest_size=6)
         for d in raw[:k + 1]:
