@@ -136,7 +136,7 @@ def test_a_turn_redone_with_another_last_message_stays_in_its_session(proxy, ups
                {"role": "assistant", "content": "Running the tests."},
                {"role": "user", "content": "first try"}]
     first = proxy.post("/v1/chat/completions", headers=auth, json={"model": "gpt-4o", "messages": history})
-    redone = proxy.post("/v1/chat/completions", headers=auth,
-                        json={"model": "gpt-4o", "messages": [*history[:-1], {"role": "user", "content": "second try"}]})
+    again = [*history[:-1], {"role": "user", "content": "second try"}]
+    redone = proxy.post("/v1/chat/completions", headers=auth, json={"model": "gpt-4o", "messages": again})
     assert first.status_code == redone.status_code == 200
     assert redone.headers["x-ctxproxy-session"] == first.headers["x-ctxproxy-session"]

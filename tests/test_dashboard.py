@@ -326,7 +326,7 @@ def test_dashboard_shows_the_crafted_figures_and_what_went_upstream(chromium, up
     chart = section(dom, "session-chart", "</svg>")
     turns = re.findall(r'<g data-n="(\d+)" data-client="(\d*)" data-sent="(\d+)" class="turn">(.*?)</g>', chart, re.S)
     assert [t[0] for t in turns] == ["1", "2", "3"]
-    for (_, client, got, marks), want in zip(turns, run.expected):
+    for (_, client, got, _), want in zip(turns, run.expected):
         assert int(client) - int(got) == want.saved
     assert ['class="offload"' in t[3] for t in turns] == [True, True, False]
     assert ['class="compaction"' in t[3] for t in turns] == [False, False, True]

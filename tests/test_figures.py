@@ -243,7 +243,8 @@ def test_alignment_accounts_for_every_message_once():
             if rng.random() < 0.1:
                 sent.append(b"s%d" % i)
                 messages.append({"role": "user", "content": "<agent_status>\nturn: 1"})
-        segments = align(lambda pos: legacy_kind(CHAT.first_text(messages[pos])), client, sent)
+        kinds = [legacy_kind(CHAT.first_text(m)) for m in messages]
+        segments = align(kinds.__getitem__, client, sent)
         placed_sent, placed_client = [], []
         for seg in segments:
             if seg[0] == "c":

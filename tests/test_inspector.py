@@ -74,7 +74,8 @@ def test_inspector_shows_what_was_sent_upstream(upstream, tmp_path):
         as_json = cli("--url", p.url, "--token", "s3cret", "--session", session, "--request", "2", "--json")
 
     assert first.status_code == second.status_code == 200, first.text
-    assert own.status_code == 404 and "the proxy's own call made for request 2 (summary" in own.json()["error"]["message"]
+    assert own.status_code == 404
+    assert "the proxy's own call made for request 2 (summary" in own.json()["error"]["message"]
     assert by_id.status_code == 200 and by_id.json()["messages"] == second.json()["messages"]
     one, two = first.json(), second.json()
     check_against_upstream(one, client[0], agent[0])

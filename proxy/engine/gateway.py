@@ -72,8 +72,7 @@ async def compress(st: ProxyState, inbound: Inbound) -> Answer:
         run.headers["x-ctxproxy-degraded"] = degraded[0]
     metrics = st.accounting.metrics
     metrics.engine.labels(ctx.route.name, outcome).inc()
-    fields: dict[str, object] = {"engine": outcome, "tokens_before": before,
-                                 "tokens_after": after}
+    fields: dict[str, object] = {"engine": outcome, "tokens_before": before, "tokens_after": after}
     if audit:  # what it would have done, said; nothing of it done
         run.headers.update({"x-ctxproxy-audit-tokens-after": str(after),
                             "x-ctxproxy-audit-offloads": str(len(offloads))})
@@ -96,7 +95,7 @@ async def compress(st: ProxyState, inbound: Inbound) -> Answer:
 
 
 def _rows(raw: bytes) -> tuple[list[Any], str | None]:
-    """The rows and the model of a compress request; a 400 in Headroom's shape for anything else."""
+    """The rows and the model of a compress request; a 400 for anything else."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
