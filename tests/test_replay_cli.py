@@ -608,3 +608,19 @@ def test_the_replays_routes_keep_the_api_they_forward(tmp_path):
     real = proxy_settings(str(ROOT / "config.yaml"), "https://api.anthropic.com/v1", str(tmp_path), ["m"], 32000,
                           False, ["anthropic"])
     assert {r.upstream.speaks() for r in real.routes} == {"anthropic"}
+
+
+def test_the_simulator_reads_an_offload_back_when_asked(tmp_path):
+    """`--read-back`: the simulated model reads each offloaded output back once; the proxy answers it in a hidden
+    round, the turn still gets its answer, and the replay says so (a newcomer sees a read-back with no provider)."""
+    import json as json_
+
+    from cli_main import run_main
+
+    done = run_main("replay", "--simulate", "--window", "8000", "07", "--read-back", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json_.loads(done.stdout)
+    proxy = doc["totals"]["ctxproxy"]
+    assert proxy["read_rounds"] == 1 and proxy["offloads"] == 1 and proxy["rejected"] == 0
+    plain = json_.loads(run_main("replay", "--simulate", "--window", "8000", "07", "--json").stdout)
+    assert plain["totals"]["ctxproxy"]["read_rounds"] == 0

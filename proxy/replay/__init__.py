@@ -1,7 +1,7 @@
 """`ctxproxy replay`: recorded agent trajectories through an in-process ctxproxy, turn by turn, against no proxy.
 
     ctxproxy replay [TRACE ...] [--simulate | --upstream URL] [--api chat|responses|messages] [--route NAME]
-                    [--window N] [--config PATH] [--json] [--plot FILE.png]
+                    [--window N] [--config PATH] [--json] [--plot FILE.png] [--read-back]
 
 Each assistant message of a trajectory is one turn: the agent's request (the
 messages before it, with the tools) is sent through the proxy; the answer is
@@ -69,6 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                      "upstreams and store are replaced for the replay")
     p.add_argument("--json", action="store_true", help="print one JSON document (per-turn rows and totals)")
     p.add_argument("--plot", metavar="FILE.png", help="write a PNG: context per turn with and without the proxy")
+    p.add_argument("--read-back", action="store_true",
+                   help="with --simulate: the simulated model reads each offloaded output back once (a context_read "
+                        "call the proxy answers in a hidden round), as a model that wants the rest would")
 
 
 class _Fail(Exception):
@@ -164,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             base_sides, base_sim = drive.no_proxy(traces, args.window, f"Bearer {drive.SIMULATED_KEY}", tick_base)
             run_ = drive.through_proxy(traces, args.window, upstream=args.upstream, config=args.config,
                                        route=args.route, authorization=authorization, tick=tick_proxy,
-                                       anthropic_key=anthropic_key)
+                                       anthropic_key=anthropic_key, read_back=args.read_back)
     except ConfigError as e:
         raise _Fail(f"invalid configuration: {e}", 2) from None
     except drive.ReplayError as e:

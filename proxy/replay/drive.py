@@ -101,6 +101,7 @@ class Totals:
     compactions: dict[str, int] = field(default_factory=dict)  # by layer
     cache_breaks: int = 0
     status_bars: int = 0
+    read_rounds: int = 0  # hidden context_read rounds the proxy answered
 
     @property
     def hit_rate(self) -> float | None:
@@ -124,11 +125,12 @@ def totals_of(sides: Sequence[Side], log: Sequence[SimRecord] | None) -> Totals:
         t.answered += s.status == 200
         t.rejected += s.rejected
         t.failed += s.status != 200 and not s.rejected
-        t.offloads += int(s.actions.get("offloaded", 0))
+        t.offloads += int(s.actions.get("offloaded_new", 0))  # each counted once, by the turn that stored it
         if s.actions.get("compacted"):
             t.compactions[s.actions["compacted"]] = t.compactions.get(s.actions["compacted"], 0) + 1
         t.cache_breaks += bool(s.actions.get("cache_break"))
         t.status_bars += bool(s.actions.get("status_bar"))
+        t.read_rounds += int(s.actions.get("read_rounds", 0))
     if log is not None:
         billed = [r for r in log if r.billed]
         own = [r for r in billed if r.kind in OWN_KINDS]
@@ -188,7 +190,8 @@ def no_proxy(traces: Sequence[Trace], window: int, authorization: str,
 def _actions(headers: httpx.Headers) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if headers.get("x-ctxproxy-offloaded"):
-        out["offloaded"] = int(headers["x-ctxproxy-offloaded"])
+        out["offloaded"] = int(headers["x-ctxproxy-offloaded"])  # placeholders in effect in this turn
+        out["offloaded_new"] = int(headers.get("x-ctxproxy-offloaded-new") or 0)  # stored by this turn
         out["offload_saved"] = int(headers.get("x-ctxproxy-tokens-saved") or 0)
     if headers.get("x-ctxproxy-compacted"):
         out["compacted"] = headers["x-ctxproxy-compacted"]
@@ -196,6 +199,8 @@ def _actions(headers: httpx.Headers) -> dict[str, Any]:
         out["tokens_after"] = int(headers.get("x-ctxproxy-tokens-after") or 0)
     if headers.get("x-ctxproxy-status-bar"):
         out["status_bar"] = True
+    if int(headers.get("x-ctxproxy-read-rounds") or 0):
+        out["read_rounds"] = int(headers["x-ctxproxy-read-rounds"])
     if headers.get("x-ctxproxy-cache-break"):
         out["cache_break"] = headers["x-ctxproxy-cache-break"]
     if headers.get("x-ctxproxy-window-learned"):
@@ -236,7 +241,7 @@ class ProxyRun:
 
 def through_proxy(traces: Sequence[Trace], window: int, *, upstream: str | None, config: str | None,
                   route: str | None, authorization: str | None, tick: Callable[[], None],
-                  anthropic_key: str | None = None) -> ProxyRun:
+                  anthropic_key: str | None = None, read_back: bool = False) -> ProxyRun:
     """Every turn through an in-process ctxproxy, to a fresh simulator (upstream None) or to `upstream`.
 
     `authorization` goes with chat and Responses turns, `anthropic_key` (as x-api-key) with Messages turns.
@@ -244,7 +249,7 @@ def through_proxy(traces: Sequence[Trace], window: int, *, upstream: str | None,
     from proxy.app import create_app
 
     simulate = upstream is None
-    sim = Simulator(window) if simulate else None
+    sim = Simulator(window, read_back=read_back) if simulate else None
     with tempfile.TemporaryDirectory(prefix="ctxproxy-replay-") as tmp, quiet_logs() as logs:
         sim_server = ThreadedServer(sim, lifespan="off", name="simulator") if sim else None
         try:

@@ -62,6 +62,8 @@ def _did(side: Side) -> str:
     a, out = side.actions, []
     if a.get("offloaded"):
         out.append(f"offloaded {a['offloaded']} (-{a.get('offload_saved', 0):,})")
+    if a.get("read_rounds"):
+        out.append(f"read back {a['read_rounds']}")
     if a.get("compacted"):
         out.append(f"compacted: {a['compacted']} {a.get('tokens_before', 0):,}->{a.get('tokens_after', 0):,}")
     if side.own_calls:
@@ -144,6 +146,8 @@ def totals_table(base: Totals, proxy: Totals, traces: int, both: dict[str, Any])
     layers = ", ".join(f"{k} {v}" for k, v in sorted(proxy.compactions.items())) or "0"
     t.add_row("offloads / compactions / cache breaks", "-",
               f"{proxy.offloads} / {layers} / {proxy.cache_breaks}", "")
+    if proxy.read_rounds:
+        t.add_row("hidden read rounds (context_read)", "-", f"{proxy.read_rounds}", "")
     return t
 
 

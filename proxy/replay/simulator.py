@@ -91,6 +91,9 @@ _PATHS = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/messages", "/v
                     "/v1/models", "/healthz"})
 
 
+_READ_CALL = re.compile(r'(\w+)\(handle="(ctx_[0-9a-f]{20})"')  # the read call a placeholder ends with
+
+
 def error_body(message: str, *, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
@@ -130,12 +133,18 @@ class SimRecord:
 class Simulator:
     """The simulated provider; an ASGI app (``simulator.app``) and a plain function (``complete``).
 
-    ``window``: the context window of every model, unless ``windows`` names one.
+    ``window``: the context window of every model, unless ``windows`` names one. ``read_back``: a chat turn
+    whose last message is a placeholder naming a handle (an offloaded tool result) is answered with a call of
+    the read tool it names, once per handle, as a model that wants the rest would: the proxy answers it in a
+    hidden round, and the turn's answer comes after it.
     """
 
-    def __init__(self, window: int = DEFAULT_WINDOW, windows: Mapping[str, int] | None = None) -> None:
+    def __init__(self, window: int = DEFAULT_WINDOW, windows: Mapping[str, int] | None = None,
+                 read_back: bool = False) -> None:
         self.window = window
         self.windows = dict(windows or {})
+        self.read_back = read_back
+        self._read: set[str] = set()  # handles read back so far
         self.cache = PrefixCache()
         self.breakpoints = sim_messages_prompt.BreakpointCache()  # the Messages API's cache
         self.log: list[SimRecord] = []
@@ -184,6 +193,9 @@ class Simulator:
                                    code="context_length_exceeded")
         with self._lock:
             cached = billable_cached(self.cache.match_and_store((authorization, model), chunks))
+        call = self._read_call(body) if kind == "turn" and self.read_back and body.get("stream") is not True else None
+        if call is not None:
+            return self._called(call, model, prompt, cached)
         text = _answer(kind, body)
         completion = tokens(text)
         if budget and len(completion) > budget:
@@ -199,6 +211,35 @@ class Simulator:
                      "model": model, "system_fingerprint": FINGERPRINT,
                      "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
                                   "logprobs": None, "finish_reason": "stop"}],
+                     "usage": usage}
+
+    def _read_call(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The read call a turn whose newest tool result is an unread placeholder gets (its tool among the
+        request's); the proxy's status bar may follow that result."""
+        last = next((m for m in reversed(body["messages"]) if isinstance(m, dict) and m.get("role") == "tool"), None)
+        text = last.get("content") if last is not None else None
+        found = _READ_CALL.search(text) if isinstance(text, str) else None
+        tools = {((t.get("function") or {}).get("name")) for t in body.get("tools") or () if isinstance(t, dict)}
+        if found is None or found.group(1) not in tools:
+            return None
+        with self._lock:
+            if found.group(2) in self._read:
+                return None
+            self._read.add(found.group(2))
+        args = json.dumps({"handle": found.group(2), "offset": 0, "limit": 20})
+        return {"id": f"call_sim_read_{found.group(2)[4:14]}", "type": "function",
+                "function": {"name": found.group(1), "arguments": args}}
+
+    def _called(self, call: dict[str, Any], model: str, prompt: int, cached: int) -> tuple[int, dict[str, Any]]:
+        completion = len(tokens(call["function"]["arguments"]))
+        n = self._record(SimRecord("turn", model, 200, prompt, cached, completion))
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                 "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0}}
+        return 200, {"id": f"chatcmpl-sim{n}", "object": "chat.completion", "created": int(time.time()),
+                     "model": model, "system_fingerprint": FINGERPRINT,
+                     "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call],
+                                                          "refusal": None},
+                                  "logprobs": None, "finish_reason": "tool_calls"}],
                      "usage": usage}
 
     def respond(self, body: Any, authorization: str = "") -> tuple[int, dict[str, Any]]:
