@@ -624,3 +624,20 @@ def test_the_simulator_reads_an_offload_back_when_asked(tmp_path):
     assert proxy["read_rounds"] == 1 and proxy["offloads"] == 1 and proxy["rejected"] == 0
     plain = json_.loads(run_main("replay", "--simulate", "--window", "8000", "07", "--json").stdout)
     assert plain["totals"]["ctxproxy"]["read_rounds"] == 0
+
+
+def test_the_plot_draws_each_trace_apart_and_marks_rejections_and_compactions():
+    """The next trace's first turn is no drop of the last one's (a gap, not a line that looks like a compaction);
+    a turn rejected without the proxy and a compaction through it are marked."""
+    import math
+
+    from proxy.replay.plot import _apart, chart_png
+
+    apart = _apart([10, 20, 5, 8], [2])
+    assert len(apart) == 5 and math.isnan(apart[2]) and apart[3] == 5
+    plain = chart_png([10, 20, 5, 8], [10, 12, 5, 6], 15, [2])
+    marked = chart_png([10, 20, 5, 8], [10, 12, 5, 6], 15, [2], rejected=[2], compactions=[2])
+    w, h, a = _png_pixels(plain)
+    _, _, b = _png_pixels(marked)
+    changed = [i for i, (p, q) in enumerate(zip(a, b)) if p != q]
+    assert changed and all(q in ((214, 39, 40), (31, 119, 180), (40, 40, 40)) for q in (b[i] for i in changed))

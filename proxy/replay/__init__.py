@@ -189,7 +189,9 @@ def run(args: argparse.Namespace) -> int:
         title = ("ctxproxy replay - simulated" if simulated else "ctxproxy replay") + f" - window {args.window}"
         try:
             backend = plot(args.plot, [t.no_proxy.prompt for t in turns], [t.ctxproxy.prompt for t in turns],
-                           args.window, separators, title)
+                           args.window, separators, title,
+                           rejected=[k for k, t in enumerate(turns, 1) if t.no_proxy.rejected],
+                           compactions=[k for k, t in enumerate(turns, 1) if t.ctxproxy.actions.get("compacted")])
         except OSError as e:
             raise _Fail(f"cannot write {args.plot}: {e.strerror or e}") from None
         plot_info = {"path": args.plot, "backend": backend, "legend": LEGEND}

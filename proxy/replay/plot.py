@@ -4,7 +4,10 @@ matplotlib draws it when it is installed (it is not a dependency); otherwise a
 small raster line chart is drawn here and written as a PNG with the standard
 library (zlib + struct): axes with tick labels in a 3x5 pixel font, a red line
 for "no proxy", a blue one for ctxproxy, a dashed grey line at the window, and
-light vertical lines between traces.
+light vertical lines between traces. Each trace is drawn apart (a line never
+runs from one trace's last turn into the next one's first, which would look like
+a compaction); a turn the provider rejected without the proxy is a red X on the
+window line, and a turn where ctxproxy compacted is marked C above the plot.
 """
 
 from __future__ import annotations
@@ -19,42 +22,62 @@ from pathlib import Path
 RED = (214, 39, 40)  # no proxy
 BLUE = (31, 119, 180)  # ctxproxy
 GREY = (120, 120, 120)  # the window
-LEGEND = "red: no proxy, blue: ctxproxy, dashed grey: the window"
+LEGEND = ("red: no proxy (X: a turn it got rejected), blue: ctxproxy (C: a compaction), dashed grey: the window; "
+          "traces apart")
 _WHITE, _AXIS, _GRID, _SEP, _TEXT = (255, 255, 255), (60, 60, 60), (228, 228, 228), (200, 200, 200), (40, 40, 40)
 
 Series = Sequence[int | None]
 
 
 def plot(path: str | Path, no_proxy: Series, ctxproxy: Series, window: int, separators: Sequence[int] = (),
-         title: str = "ctxproxy replay", backend: str = "auto") -> str:
+         title: str = "ctxproxy replay", backend: str = "auto", rejected: Sequence[int] = (),
+         compactions: Sequence[int] = ()) -> str:
     """Write the chart; returns the backend used ("matplotlib" or "builtin"). `separators`: turn counts before each
-    new trace."""
+    new trace; `rejected`, `compactions`: the turns (1-based) rejected without the proxy, compacted through it."""
     if backend == "matplotlib" or (backend == "auto" and importlib.util.find_spec("matplotlib") is not None):
         try:
-            _matplotlib(Path(path), no_proxy, ctxproxy, window, separators, title)
+            _matplotlib(Path(path), no_proxy, ctxproxy, window, separators, title, rejected, compactions)
             return "matplotlib"
         except ImportError:
             if backend == "matplotlib":
                 raise
-    Path(path).write_bytes(chart_png(no_proxy, ctxproxy, window, separators, title))
+    Path(path).write_bytes(chart_png(no_proxy, ctxproxy, window, separators, title, rejected, compactions))
     return "builtin"
 
 
-def _matplotlib(path: Path, a: Series, b: Series, window: int, separators: Sequence[int], title: str) -> None:
+def _apart(series: Series, separators: Sequence[int]) -> list[float]:
+    """The series for a line chart, a gap between traces (NaN before each trace's first turn)."""
+    starts = {s + 1 for s in separators}
+    out: list[float] = []
+    for i, v in enumerate(series, 1):
+        if i in starts:
+            out.append(float("nan"))
+        out.append(float("nan") if v is None else float(v))
+    return out
+
+
+def _matplotlib(path: Path, a: Series, b: Series, window: int, separators: Sequence[int], title: str,
+                rejected: Sequence[int] = (), compactions: Sequence[int] = ()) -> None:
     import matplotlib  # type: ignore[import-not-found, unused-ignore]  # optional, not a dependency
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]  # optional
     from matplotlib.ticker import MaxNLocator  # type: ignore[import-not-found, unused-ignore]  # optional
 
-    xs = list(range(1, len(a) + 1))
+    starts = {s + 1 for s in separators}
+    xs = [x for i in range(1, len(a) + 1) for x in ((i - 0.5, i) if i in starts else (i,))]
     fig, ax = plt.subplots(figsize=(9.6, 4.8), dpi=100)
     try:
         for s in separators:
             ax.axvline(s + 0.5, color="#c8c8c8", linewidth=1)
-        ax.plot(xs, [float("nan") if v is None else v for v in a], color="#d62728", marker=".", label="no proxy")
-        ax.plot(xs, [float("nan") if v is None else v for v in b], color="#1f77b4", marker=".", label="ctxproxy")
+        ax.plot(xs, _apart(a, separators), color="#d62728", marker=".", label="no proxy")
+        ax.plot(xs, _apart(b, separators), color="#1f77b4", marker=".", label="ctxproxy")
         ax.axhline(window, color="#787878", linestyle="--", label=f"window ({window:,})")
+        if rejected:
+            ax.scatter(list(rejected), [window] * len(rejected), color="#d62728", marker="x", s=60, zorder=3,
+                       label="rejected without the proxy")
+        for k, turn in enumerate(compactions):
+            ax.axvline(turn, color="#1f77b4", linestyle=":", linewidth=1, label="compaction" if k == 0 else None)
         ax.set_xlabel("turn")
         ax.set_ylabel("tokens that reached the provider")
         ax.set_title(title)
@@ -154,7 +177,7 @@ def _label(v: int) -> str:
 
 
 def chart_png(no_proxy: Series, ctxproxy: Series, window: int, separators: Sequence[int] = (),
-              title: str = "ctxproxy replay") -> bytes:
+              title: str = "ctxproxy replay", rejected: Sequence[int] = (), compactions: Sequence[int] = ()) -> bytes:
     """The chart as PNG bytes (RGB, 8 bits), drawn without any plotting library."""
     c = _Canvas(_W, _H)
     n = max(len(no_proxy), len(ctxproxy), 1)
@@ -185,17 +208,26 @@ def chart_png(no_proxy: Series, ctxproxy: Series, window: int, separators: Seque
     c.line(x0, y0, x1, y0, _AXIS, 2)
     c.line(x0, y0, x0, y1, _AXIS, 2)
     c.line(x0, py(window), x1, py(window), GREY, 2, dash=8)
+    starts = {s + 1 for s in separators}
     for series, colour in ((no_proxy, RED), (ctxproxy, BLUE)):
         prev = None
         for i, value in enumerate(series, 1):
-            if value is None:
+            if value is None or i in starts:  # a gap, or a new trace: no line into it
                 prev = None
+            if value is None:
                 continue
             point = (px(i), py(value))
             if prev is not None:
                 c.line(*prev, *point, colour, 2)
             c.rect(point[0] - 2, point[1] - 2, point[0] + 2, point[1] + 2, colour)
             prev = point
+    for i in rejected:  # an X on the window line
+        x, y = px(i), py(window)
+        c.line(x - 5, y - 5, x + 5, y + 5, RED, 2)
+        c.line(x - 5, y + 5, x + 5, y - 5, RED, 2)
+    for i in compactions:  # a C above the plot, a dotted tick down to it
+        c.text(px(i) - text_width("C") // 2, y1 - 14, "C", BLUE)
+        c.line(px(i), y1, px(i), y0, BLUE, 1, dash=3)
     c.text(x0, 14, title)
     c.text(x0 - 40, y1 - 22, "TOKENS")
     c.text((x0 + x1) // 2 - text_width("TURN") // 2, y0 + 28, "TURN")
@@ -205,6 +237,8 @@ def chart_png(no_proxy: Series, ctxproxy: Series, window: int, separators: Seque
         c.line(x, 35, x + 16, 35, colour, 3, dash=4 if dashed else 0)
         x += 22
         x += c.text(x, 30, label) + 24
+    marks = "X REJECTED WITHOUT THE PROXY   C COMPACTION"
+    c.text(x1 - text_width(marks) - 24, 46, marks)
     return encode_png(c.w, c.h, bytes(c.px))
 
 
