@@ -69,6 +69,7 @@ def test_a_request_over_the_window_waits_out_a_stall_and_is_compacted(proxy, ups
     assert "x-ctxproxy-degraded" not in r.headers, r.headers.get("x-ctxproxy-degraded")
     last = upstream.requests[-1].json
     assert len(last["messages"]) < len(run)  # rewritten: not the client's whole history
+    assert int(r.headers["x-ctxproxy-store-wait-ms"]) > 0  # the wait said as the store's, not the provider's
 
 
 def test_under_the_window_a_stall_still_forwards_at_once(proxy, upstream, stalling):

@@ -20,12 +20,19 @@ from proxy.request.events import (
     HistoryElsewhere,
     StatusAdded,
     StatusSkipped,
+    StoreWaited,
 )
 
 
 def event_fields(conv: Conversation) -> dict[str, object]:
+    """The request's events for its log line, and the time it waited for the store (part of its overhead, never
+    of the provider's time)."""
     kinds = [e.kind for e in conv.events]
-    return {"events": kinds} if kinds else {}
+    out: dict[str, object] = {"events": kinds} if kinds else {}
+    waited = sum(e.ms for e in conv.events if isinstance(e, StoreWaited))
+    if waited:
+        out["store_wait_ms"] = round(waited, 3)
+    return out
 
 
 def event_headers(conv: Conversation, figures: Figures, check: PrefixCheck | None = None) -> dict[str, str]:
@@ -56,6 +63,8 @@ def event_headers(conv: Conversation, figures: Figures, check: PrefixCheck | Non
             out["x-ctxproxy-status-bar"] = _header_text(f"skipped: {e.reason}")
         elif isinstance(e, HistoryElsewhere):
             out["x-ctxproxy-compress"] = "unavailable: the provider holds the history (previous_response_id)"
+        elif isinstance(e, StoreWaited):
+            out["x-ctxproxy-store-wait-ms"] = str(round(e.ms))
         elif isinstance(e, ClientCompacts):
             out["x-ctxproxy-compress"] = "skipped: the client compacts this request itself (compaction_trigger)"
     if check is not None and check.measured:

@@ -87,6 +87,15 @@ class Degraded:
         return self.transform
 
 
+@dataclass(frozen=True)
+class StoreWaited:
+    """The request, over its window, waited this long for a store that did not answer (proxy/rewrite/degrade.py):
+    time in the proxy, said apart so it is never taken for the provider's."""
+
+    kind: ClassVar[str] = "store-wait"
+    ms: float
+
+
 Event = (Offloaded | CompactionInEffect | Compacted | HistoryElsewhere | ClientCompacts | StatusAdded | StatusSkipped
-         | Degraded)
+         | Degraded | StoreWaited)
 PLACEHOLDER_EVENTS = (Offloaded, CompactionInEffect, Compacted)  # a placeholder naming a handle is in the request

@@ -27,6 +27,7 @@ proxy/rewrite/context_read/loop.py); `response_loop` finds it.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel
@@ -34,7 +35,7 @@ from pydantic import BaseModel
 from proxy import loop_free
 from proxy.config import Route
 from proxy.request import Conversation, RequestContext
-from proxy.request.events import Degraded
+from proxy.request.events import Degraded, StoreWaited
 from proxy.rewrite.cache_hints import CacheHints
 from proxy.rewrite.compress.transform import Compress
 from proxy.rewrite.context_read.loop import ReadLoop, Send
@@ -164,9 +165,16 @@ async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: Reque
         fresh = await forward_unmodified(conv, ctx, STORE_DOWN, e)
         if waited or fresh.window_need() <= ctx.window:
             return fresh
-        if not known_down and await wait_for_store(ctx.store):  # a stall: rewritten with the store after all
-            return await run_pipeline(pipeline, await loop_free.parse(conv.raw, conv.wire), ctx, waited=True)
-        return await from_fallback(pipeline, conv, ctx, fresh)
+        started = time.perf_counter()
+        answered = not known_down and await wait_for_store(ctx.store)
+        waited_ms = StoreWaited(round((time.perf_counter() - started) * 1000, 3))
+        if answered:  # a stall: rewritten with the store after all
+            done = await run_pipeline(pipeline, await loop_free.parse(conv.raw, conv.wire), ctx, waited=True)
+        else:
+            done = await from_fallback(pipeline, conv, ctx, fresh)
+        if not known_down:
+            done.events.append(waited_ms)
+        return done
     except Exception as e:  # noqa: BLE001 - containment: a transform's bug must not fail the agent's request
         return await forward_unmodified(conv, ctx, current, e)
     return conv
