@@ -134,7 +134,8 @@ async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: Reque
     While the store is known to be down (its breaker open) no transform runs at all: every
     request then says so, not only those that happened to need the store. One exception: a request
     already over its window would go unmodified only to be rejected for length, so it waits for the
-    store (proxy/rewrite/degrade.py wait_for_store) and, once the store answers, is rewritten after all.
+    store (proxy/rewrite/degrade.py wait_for_store) and, once the store answers, is rewritten after all; if it
+    does not (or was already known to be down), it is rewritten from the process's own store (from_fallback).
     """
     current = "pipeline"
     known_down = backing_off(ctx.store)
