@@ -183,11 +183,11 @@ def test_claude_code_alone_overflows_the_window(upstream: MockUpstream, tmp_path
     assert a.made < CALLS
 
 
-@pytest.mark.parametrize("window, calls", [(WINDOW, CALLS), (64_000, 20)], ids=["32k", "64k"])
+@pytest.mark.parametrize("window, calls", [(WINDOW, CALLS), (64_000, 20), (128_000, 36)], ids=["32k", "64k", "128k"])
 def test_claude_code_through_the_proxy_finishes_in_the_same_window(upstream: MockUpstream, make_proxy: Any,
                                                                     tmp_path: Path, window: int, calls: int) -> None:
     """The README's advice, checked with the real binary: give ctxproxy the window (here under `models:`) and
-    leave Claude Code's own alone; at 32k and 64k a session of twice and thrice the window completes."""
+    leave Claude Code's own alone; at 32k, 64k and 128k a session of about twice the window or more completes."""
     a = agent(upstream, CLAUDE_COMMAND, CLAUDE_MODEL, window, calls)
     p = make_proxy(real=True, models={CLAUDE_MODEL: {"context_window": window}})
     r = claude(tmp_path, p.url)
