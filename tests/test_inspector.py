@@ -74,8 +74,13 @@ def test_inspector_shows_what_was_sent_upstream(upstream, tmp_path):
         as_json = cli("--url", p.url, "--token", "s3cret", "--session", session, "--request", "2", "--json")
 
     assert first.status_code == second.status_code == 200, first.text
-    assert own.status_code == 404
-    assert "the proxy's own call made for request 2 (summary" in own.json()["error"]["message"]
+    # the summary call request 2 made: what it sent, the proxy's own instructions in full, the client's content
+    # (its history, or a transcript of it) not recorded without logging.log_content
+    assert own.status_code == 200, own.text
+    sent = own.json()["sent"]
+    assert own.json()["request"] == "2.1" and own.json()["entry"]["kind"] == "summary"
+    assert any(m["own"] and m["text"] for m in sent) and all(m["text"] is None for m in sent if not m["own"])
+    assert sum(m["tokens"] for m in sent) > 0
     assert by_id.status_code == 200 and by_id.json()["messages"] == second.json()["messages"]
     one, two = first.json(), second.json()
     check_against_upstream(one, client[0], agent[0])

@@ -58,6 +58,9 @@ FLUSH_DELAY = 0.05  # seconds a batch gathers requests before one round of store
 MAX_PENDING = 5000  # timeline entries waiting for the store, at most (memory stays bounded)
 
 
+_OWN_TEXT_CHARS = 20_000  # of one message of an own call's prompt kept for the inspector
+
+
 def _trigger(ctx: RequestContext) -> int | None:
     """The prompt size (tokens, the answer's reserve included) at which the route compacts; None: it never does."""
     compress = ctx.route.section("compress")
@@ -267,9 +270,11 @@ class Accountant:
         except Exception:  # accounting must never be the reason a request fails
             log.exception("accounting failed", extra={"fields": {"request_id": request_id}})
 
-    def own_call(self, ctx: RequestContext, kind: str, usage: Usage, status: int) -> None:
+    def own_call(self, ctx: RequestContext, kind: str, usage: Usage, status: int,
+                 prompt: list[dict[str, Any]] | None = None) -> None:
         """One of the proxy's own calls, answered now: in the figures of the request that made it, once
-        (proxy/accounting/own_calls.py). Never raises."""
+        (proxy/accounting/own_calls.py); its prompt in the inspector, the client's content in it only with
+        logging.log_content. Never raises."""
         try:
             e = own_call_entry(ctx, kind, usage, status)
             add_counts(self._batch.amounts, ctx.tenant, ctx.session, group_of(ctx.tenant, ctx.route.name, ctx.model),
@@ -277,7 +282,11 @@ class Accountant:
             labels = (ctx.route.name, self.metrics.model_label(ctx.model), kind)
             self.metrics.of(self.metrics.own_prompt, *labels).inc(usage.prompt)
             self.metrics.of(self.metrics.own_completion, *labels).inc(usage.completion)
-            self._log(ctx.tenant, ctx.session, e, {"id": e["request_id"], "kind": kind}, [])
+            inspect: dict[str, Any] = {"id": e["request_id"], "kind": kind}
+            if prompt is not None:
+                inspect["sent"] = [{**m, "text": m["text"][:_OWN_TEXT_CHARS]} if m["own"] or self.log_content
+                                     else {**m, "text": None} for m in prompt]
+            self._log(ctx.tenant, ctx.session, e, inspect, [])
         except Exception:  # accounting must never be the reason a request fails
             log.exception("accounting failed", extra={"fields": {"request_id": ctx.request_id}})
 

@@ -24,7 +24,7 @@ from typing import Any
 from proxy.request import RequestContext
 from proxy.wire.usage import Usage
 
-Account = Callable[[RequestContext, str, Usage, int], None]
+Account = Callable[[RequestContext, str, Usage, int, "list[dict[str, Any]] | None"], None]
 
 
 class RequestOwnCalls:
@@ -37,9 +37,11 @@ class RequestOwnCalls:
         self._account = account
         self.made: list[tuple[str, Usage]] = []
 
-    def billed(self, ctx: RequestContext, kind: str, usage: Usage, status: int) -> None:
+    def billed(self, ctx: RequestContext, kind: str, usage: Usage, status: int,
+               prompt: list[dict[str, Any]] | None = None) -> None:
+        """`prompt`: what the call sent, message by message (proxy/rewrite/compress/summarizer.py prompt_record)."""
         self.made.append((kind, usage))
-        self._account(ctx, kind, usage, status)
+        self._account(ctx, kind, usage, status, prompt)
 
 
 def own_call_entry(ctx: RequestContext, kind: str, usage: Usage, status: int) -> dict[str, Any]:

@@ -208,7 +208,24 @@ def _client_span(rows: list[dict[str, Any]]) -> str:
     return f"#{rows[0]['index']}-#{rows[-1]['index']} ({len(rows)} messages, {tokens} tokens)"
 
 
+def _own_call_lines(data: dict[str, Any]) -> list[str]:
+    """One of the proxy's own calls (a summary): what it cost and what it sent, message by message."""
+    e = data.get("entry") or {}
+    out = [f"session {data['session']}, request {data['request']} ({data['request_id']}): the proxy's own "
+           f"{e.get('kind')} call for request {str(data['request']).split('.')[0]}, status {e.get('status')}, model "
+           f"{e.get('model') or '-'}; prompt {_num(e.get('prompt'))} tokens (cached {_num(e.get('cached'))}), "
+           f"completion {_num(e.get('completion'))}", "", "what it sent, in order"]
+    for i, m in enumerate(data["sent"]):
+        out.append(f"  {i:>7}  {'proxy' if m['own'] else 'client':<8}  {m['role']}, {_num(m['tokens'])} tokens")
+        out.extend(_quoted(m["text"], _CLIENT_LINES) if m.get("text") is not None else
+                   [f"      | ({_num(m['chars'])} characters of the client's content, not recorded: "
+                    "logging.log_content: false)"])
+    return out
+
+
 def _request_lines(data: dict[str, Any]) -> list[str]:
+    if "sent" in data:
+        return _own_call_lines(data)
     e, tools = data.get("entry") or {}, data["tools"]
     out = [f"session {data['session']}, request {data['request']} ({data['request_id']}): status {e.get('status')}, "
            f"model {e.get('model') or '-'}, route {e.get('route')}",

@@ -133,12 +133,15 @@ async def get_request(request: Request) -> Response:
                            f"{sum('.' not in n for n in labels)}; the proxy's own calls n.1, n.2)",
                            code="request_not_found")
         entry, n = timeline[at], labels[at]
+        rec = await _inspect_record(store, tenant, wanted, entry["request_id"], at - len(timeline))
+        if "." in n and rec is not None and "sent" in rec:  # the proxy's own call: what it sent
+            return _json({"session": wanted, "request": n, "request_id": entry["request_id"],
+                          "entry": {**entry, "n": n}, "sent": rec["sent"]})
         if entry.get("kind", "turn") != "turn":
             made = f"the proxy's own call made for request {n.split('.')[0]}" if "." in n else "no turn"
             raise NotFound(f"request {n} of session {wanted!r} was {made} ({entry['kind']}, status "
                            f"{entry.get('status')}, prompt {entry.get('prompt')} tokens): the inspector shows the "
-                           f"prompts of turns", code="request_not_found")
-        rec = await _inspect_record(store, tenant, wanted, entry["request_id"], at - len(timeline))
+                           f"prompts of turns and of the proxy's own calls it recorded", code="request_not_found")
         if rec is None:
             raise NotFound(f"request {n} of session {wanted!r} has no inspector record (only the newest "
                            f"{INSPECT_MAX} requests of a session keep one)", code="request_not_found")

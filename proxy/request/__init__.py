@@ -39,7 +39,8 @@ class OwnCalls(Protocol):
 
     made: list[tuple[str, Usage]]  # (kind, usage) of each so far, for the request's span; the figures count them apart
 
-    def billed(self, ctx: RequestContext, kind: str, usage: Usage, status: int) -> None: ...
+    def billed(self, ctx: RequestContext, kind: str, usage: Usage, status: int,
+               prompt: list[dict[str, Any]] | None = None) -> None: ...
 
 
 @dataclass(frozen=True)

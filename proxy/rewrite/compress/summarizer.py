@@ -148,8 +148,9 @@ class SummarizerTarget:
     max_input_tokens: int
     max_output_tokens: int
     timeout: float
-    # each call's usage and status as its answer arrives, whatever is then made of it (proxy/accounting/own_calls.py)
-    billed: Callable[[Usage, int], None]
+    # each call's usage and status as its answer arrives, whatever is then made of it, and what it sent
+    # (proxy/accounting/own_calls.py)
+    billed: Callable[[Usage, int, list[dict[str, Any]]], None]
     trace: RequestTrace = NO_TRACE  # the request's spans: each summary call is one (proxy/telemetry/)
 
 
@@ -206,7 +207,7 @@ async def _send(target: SummarizerTarget, items: list[Message], tools: list[Any]
         if call is not None:
             call.failed(e)
         raise SummarizerError(f"summarizer request failed: {e}") from e
-    data = _billed_answer(target, content, resp.status_code)
+    data = _billed_answer(target, content, resp.status_code, prompt_record(w, items, target.model))
     if resp.status_code == 400:  # e.g. over the window after all: the other shape may still go through
         raise SummarizerDeclined("summarizer request refused (HTTP 400)")
     if resp.status_code != 200:
@@ -221,7 +222,19 @@ async def _send(target: SummarizerTarget, items: list[Message], tools: list[Any]
     return text.strip(), w.raw_usage(data)
 
 
-def _billed_answer(target: SummarizerTarget, content: bytes, status: int) -> Any:
+def prompt_record(wire: Codec, items: Sequence[Message], model: str) -> list[dict[str, Any]]:
+    """What a summary call sent, message by message, for the inspector: each one's role, tokens and text, and
+    whether the text is the proxy's own (its instructions) or the client's (a transcript, the cached history)."""
+    out = []
+    for m in items:
+        text = wire.text(m) or ""
+        own = text in (SYSTEM_PROMPT, FACT_PROMPT) or text.startswith(COMPACTION_OPEN)
+        out.append({"role": wire.label(m), "tokens": default_counter.count_message(m, model), "chars": len(text),
+                    "own": own, "text": text})
+    return out
+
+
+def _billed_answer(target: SummarizerTarget, content: bytes, status: int, prompt: list[dict[str, Any]]) -> Any:
     """The answer's JSON (None if unreadable); the call accounted at once, before anything can fail or be
     cancelled: an answered call is in the figures whether or not its text is ever used, with what the
     provider said it billed (no usage in the answer, e.g. an error's: a call of no tokens)."""
@@ -230,7 +243,7 @@ def _billed_answer(target: SummarizerTarget, content: bytes, status: int) -> Any
     except orjson.JSONDecodeError:
         data = None
     usage = parse_usage(target.wire.raw_usage(data)) if isinstance(data, dict) else None
-    target.billed(usage or Usage(prompt=0, completion=0, cached=None), status)
+    target.billed(usage or Usage(prompt=0, completion=0, cached=None), status, prompt)
     return data
 
 
