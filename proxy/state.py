@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from starlette.requests import Request
@@ -9,10 +10,11 @@ from starlette.requests import Request
 from proxy.accounting.accountant import Accountant
 from proxy.accounting.metrics import Metrics
 from proxy.config import Settings
+from proxy.logs import event
 from proxy.rewrite.compress.transform import Compress
 from proxy.rewrite.pipeline import Transform, build_pipeline
-from proxy.store import Store
-from proxy.store.sqlite import in_process_store
+from proxy.store import Store, StoreError
+from proxy.store.sqlite import SqliteStore, hand_back, in_process_store
 from proxy.telemetry.base import OFF, Tracing
 from proxy.tokens.encodings import configure_model_encodings
 from proxy.tokens.session_memo import SessionMemo
@@ -31,8 +33,10 @@ class ProxyState:
     pipelines: dict[str, list[Transform]] = field(default_factory=dict)
     memo: SessionMemo = field(default_factory=SessionMemo)
     tracing: Tracing = OFF  # proxy/telemetry/: every hook checks `tracing.on` first
-    # In-process, for the requests the store's outage would otherwise send over their window (degrade.py)
-    fallback: Store = field(default_factory=in_process_store)
+    # In-process, for the requests the store's outage would otherwise send over their window (degrade.py); what
+    # it holds is handed back to the store when the store answers again
+    fallback: SqliteStore = field(default_factory=in_process_store)
+    _handing: set[asyncio.Task[None]] = field(default_factory=set)
 
     @classmethod
     def create(cls, settings: Settings, upstream: Upstream, store: Store, tracing: Tracing = OFF) -> ProxyState:
@@ -42,10 +46,27 @@ class ProxyState:
         backend = getattr(store, "inner", store)  # under the GuardedStore
         if hasattr(backend, "on_unreplicated"):
             backend.on_unreplicated = metrics.unreplicated.inc
-        return cls(settings=settings, upstream=upstream, store=store, windows=LearnedWindows(store),
-                   metrics=metrics, accounting=Accountant(store, metrics, settings.logging.log_content,
-                                                        shared=shared_sessions(settings)),
-                   pipelines=pipelines, tracing=tracing)
+        st = cls(settings=settings, upstream=upstream, store=store, windows=LearnedWindows(store),
+                 metrics=metrics, accounting=Accountant(store, metrics, settings.logging.log_content,
+                                                      shared=shared_sessions(settings)),
+                 pipelines=pipelines, tracing=tracing)
+        if hasattr(store, "on_recovered"):  # a guarded store says when it answers again
+            store.on_recovered = st.hand_back
+        return st
+
+    def hand_back(self) -> None:
+        """The store answers again: what this process's fallback stored meanwhile goes to it, in the background."""
+        task = asyncio.get_running_loop().create_task(self._hand_back())
+        self._handing.add(task)
+        task.add_done_callback(self._handing.discard)
+
+    async def _hand_back(self) -> None:
+        try:
+            handed = await hand_back(self.fallback, self.store)
+        except StoreError:  # down again: what is left is handed back the next time
+            return
+        if handed:
+            event("handed back to the store what the in-process fallback stored while it was down", handed=handed)
 
     def summarizing(self) -> float:
         """0 when no background summary of this process is being written, else the longest one may take (s):

@@ -100,7 +100,8 @@ def test_a_store_that_stays_down_costs_the_wait_once_then_the_fallback_rewrites(
 
 def test_redis_killed_mid_session_the_next_over_window_turns_are_answered(upstream, tmp_path, monkeypatch):
     """Redis killed mid-session: the next turn over the window is answered 200 (rewritten from the fallback),
-    and the next; an under-window request still goes as sent."""
+    and the next; an under-window request still goes as sent; when the store is back, what the fallback stored
+    (its compaction records) is handed back to it."""
     from proxy_server import InProcessProxy
     from test_compress import settings as compress_settings
     from test_faults import RedisProcess, free_port
@@ -119,5 +120,19 @@ def test_redis_killed_mid_session_the_next_over_window_turns_are_answered(upstre
                 assert len(upstream.requests[-1].json["messages"]) < len(run)
             small = post(p, run[:3], key="sk-other")
             assert small.status_code == 200 and small.headers.get("x-ctxproxy-degraded") == "store-unavailable"
+            def held() -> int:  # what the fallback holds (its compaction records)
+                return len(asyncio.run(p.state.fallback.live_blobs()))
+
+            assert held()
+            redis.start()  # back (empty: an outage that lost nothing would keep its keys; here none were there)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and (post(p, run[:3], key="sk-other").headers.get("x-ctxproxy-degraded")
+                                                   or held()):
+                time.sleep(0.3)
+            assert not held(), "nothing handed back 15 s after the store came back"
+            import redis as redis_client
+
+            keys = redis_client.Redis(port=redis.port).keys("*compaction*")
+            assert keys, "the fallback's compaction records were not handed back to the store"
     finally:
         redis.kill()

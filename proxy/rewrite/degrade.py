@@ -16,7 +16,8 @@ unless the store was already known to be down) and is rewritten once the store
 answers; while the store stays down it is rewritten from the process's own
 in-memory store instead (`x-ctxproxy-degraded: store-fallback`): offloads give
 the same bytes as with the store, a compaction is the fallback's own, and what
-it stores is readable within this process.
+it stores is readable within this process and handed back to the store when it
+answers again (proxy/state.py).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -136,6 +136,7 @@ class GuardedStore:
         self.down_since: float | None = None  # monotonic time it was said to be down; None: said up (or unknown)
         self._lag: LoopLag | None = None
         self.tracing: Tracing = OFF  # the app's (proxy/telemetry/): a span per call made inside a traced request
+        self.on_recovered: Callable[[], None] | None = None  # called when it answers again after it was said down
 
     def _deadline(self, seconds: float) -> Any:
         """The deadline of one call (store_deadline), with this loop's lag monitor (started on first use)."""
@@ -218,6 +219,8 @@ class GuardedStore:
             self.down_since = None
             event("store answering again: context management resumed", logging.WARNING, store=self.name,
                   down_s=round(down, 1))
+            if self.on_recovered is not None:
+                self.on_recovered()
 
     async def problem(self) -> str | None:
         """Why the store does not answer right now, in one line; None when it does.

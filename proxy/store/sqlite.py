@@ -18,6 +18,7 @@ from . import sqlite_sets as sets
 from .base import (
     MAX_EVICTIONS_PER_PUT,
     SharedOpsMixin,
+    Store,
     StoreError,
     Writes,
     as_number,
@@ -182,6 +183,12 @@ class SqliteStore(SharedOpsMixin):
 
     async def put(self, key: str, value: bytes, ttl: float | None = None) -> None:
         await self._changed("put", _UPSERT_BLOB, key=key, value=bytes(value), ttl=check_ttl(ttl))
+
+    async def live_blobs(self) -> list[tuple[str, bytes, float | None]]:
+        """Every unexpired blob: key, value and the seconds it has left (None: no expiry)."""
+        rows = await self._rows("live_blobs", f"SELECT key, value, expires_at FROM blobs WHERE {_LIVE}")
+        now = time.time()
+        return [(k, bytes(v), None if exp is None else max(1.0, exp - now)) for k, v, exp in rows]
 
     async def put_if_absent(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         # An expired row counts as absent, so the upsert may take it over.
@@ -428,6 +435,17 @@ def _prefix_clause(prefix: str) -> tuple[str, dict[str, str]]:
     if SURROGATE_FIRST <= nxt <= SURROGATE_LAST:
         nxt = SURROGATE_LAST + 1
     return "key >= :lo AND key < :hi", {"lo": prefix, "hi": stem[:-1] + chr(nxt)}
+
+
+async def hand_back(fallback: SqliteStore, store: Store) -> int:
+    """What a process stored in its in-process fallback while the store was down (offloaded texts, decisions,
+    compaction records), written to the store - what another process wrote there meanwhile is kept - and
+    forgotten here. Returns how many were handed back."""
+    handed = 0
+    for key, value, ttl in await fallback.live_blobs():
+        handed += await store.put_if_absent(key, value, ttl)
+        await fallback.delete(key)
+    return handed
 
 
 def in_process_store() -> SqliteStore:
