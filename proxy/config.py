@@ -138,6 +138,7 @@ class Price(_Strict):
 
     input: float = Field(ge=0)  # an uncached prompt token
     cached_input: float | None = Field(default=None, ge=0)  # a prompt token read from the cache; null: as input
+    cache_write: float | None = Field(default=None, ge=0)  # a prompt token written to the cache; null: as input
     output: float = Field(default=0, ge=0)  # a completion token (reasoning included)
 
 

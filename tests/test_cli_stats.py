@@ -220,3 +220,27 @@ def test_cost_and_savings_in_dollars_for_the_models_priced_in_config(make_proxy,
     post(bare, conversation(2), "sk-a")
     settled(bare, 1, {})
     assert "set models.<name>.price in config.yaml" in total(cli("--url", bare.url).stdout, "cost")
+
+
+def test_cache_writes_are_priced_as_the_provider_bills_them(make_proxy, upstream):
+    """Anthropic bills a prompt token written to its cache apart (cache_creation_input_tokens): a price's
+    cache_write is applied to exactly those."""
+    model = "claude-sonnet-4-6"
+    price = {"input": 3.0, "cached_input": 0.3, "cache_write": 3.75, "output": 15.0}
+    p = make_proxy(real=True, models={model: {"price": price}}, routes=[
+        {"name": "anthropic", "upstream": {"base_url": upstream.base_url, "api": "anthropic"}}])
+    system = "You are a careful engineer. " * 400
+    for turn in range(2):
+        r = httpx.post(p.url + "/v1/messages", timeout=30, headers={"x-api-key": "sk-usd", "anthropic-version":
+                                                                    "2023-06-01", "x-session-id": "usd-cw"},
+                       json={"model": model, "max_tokens": 64, "system": system,
+                             "messages": [{"role": "user", "content": f"step {i}"} if i % 2 == 0 else
+                                          {"role": "assistant", "content": f"done {i}"} for i in range(2 * turn + 1)]})
+        assert r.status_code == 200, r.text
+    stats = settled(p, 2, {})
+    (g,) = [g for g in stats["groups"] if g["model"] == model]
+    w = g["all"]
+    assert w["cache_write"] > 0, w
+    expect = ((w["prompt"] - w["cached"] - w["cache_write"]) * 3.0 + w["cached"] * 0.3 + w["cache_write"] * 3.75
+              + w["completion"] * 15.0) / 1e6
+    assert w["cost_usd"] == round(expect, 4)

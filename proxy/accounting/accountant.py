@@ -172,6 +172,7 @@ class Accountant:
             "route": ctx.route.name,
             "model": ctx.model, "status": o.status, "error": o.error, "stream": ctx.stream, "accepted": ok,
             "prompt": u.prompt if u else None, "cached": u.cached if u else None,
+            "cache_write": u.cache_write if u else None,
             "completion": u.completion if u else None,
             "cacheable": cacheable, "previous": check.previous,
             "cacheable_billed": _billed(cacheable, u.prompt if u else None, _counted_prompt(conv, trace, rounds)),
@@ -225,7 +226,8 @@ class Accountant:
         ok = e["accepted"]
         values = {
             "requests": 1, "errors": int(e["status"] >= 400), "prompt": e["prompt"] or 0,
-            "cached": e["cached"] or 0, "reported_prompt": (e["prompt"] or 0) if e["cached"] is not None else 0,
+            "cached": e["cached"] or 0, "cache_write": e.get("cache_write") or 0,
+            "reported_prompt": (e["prompt"] or 0) if e["cached"] is not None else 0,
             "cacheable": e["cacheable"] or 0,
             "measured_cached": (e["cached"] or 0) if e["cacheable"] is not None else 0,
             "cacheable_billed": e["cacheable_billed"] or 0,

@@ -25,7 +25,7 @@ RETENTION = 30 * 86_400  # seconds session timelines and summaries are kept
 # Counters per tenant, route, model and hour; see README "What the figures mean". `measured_cached`: the
 # cached tokens of the requests whose cacheable prefix the proxy measured (efficiency's numerator);
 # `cacheable_billed`: that prefix in the provider's token units (efficiency's denominator).
-FIELDS = ("requests", "errors", "prompt", "cached", "reported_prompt", "cacheable", "measured_cached",
+FIELDS = ("requests", "errors", "prompt", "cached", "cache_write", "reported_prompt", "cacheable", "measured_cached",
           "cacheable_billed", "completion",
           "own_calls", "own_prompt", "own_cached", "own_completion", "client_tokens", "sent_tokens", "saved_offload",
           "saved_compress", "breaks", "offloads", "compactions", "read_rounds", "handles_given", "handles_read")

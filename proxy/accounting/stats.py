@@ -51,8 +51,9 @@ def dollars(t: Mapping[str, Any], price: Price) -> dict[str, float]:
     """A group's cost as its provider bills it (the agent's calls and the proxy's own), and what the proxy's
     savings would have cost at the uncached input price (an upper bound: some would have been cached)."""
     cached_price = price.input if price.cached_input is None else price.cached_input
-    prompt, cached = t["prompt"] + t["own_prompt"], t["cached"] + t["own_cached"]
-    cost = ((prompt - cached) * price.input + cached * cached_price
+    write_price = price.input if price.cache_write is None else price.cache_write
+    prompt, cached, written = t["prompt"] + t["own_prompt"], t["cached"] + t["own_cached"], t["cache_write"]
+    cost = ((prompt - cached - written) * price.input + cached * cached_price + written * write_price
             + (t["completion"] + t["own_completion"]) * price.output) / _MILLION
     return {"cost_usd": round(cost, 4), "saved_usd": round(max(t["saved_tokens"], 0) * price.input / _MILLION, 4)}
 
