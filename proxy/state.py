@@ -14,7 +14,8 @@ from proxy.logs import event
 from proxy.rewrite.compress.transform import Compress
 from proxy.rewrite.pipeline import Transform, build_pipeline
 from proxy.store import Store, StoreError
-from proxy.store.sqlite import SqliteStore, hand_back, in_process_store
+from proxy.store.fallback import hand_back, in_process_store
+from proxy.store.sqlite import SqliteStore
 from proxy.telemetry.base import OFF, Tracing
 from proxy.tokens.encodings import configure_model_encodings
 from proxy.tokens.session_memo import SessionMemo

@@ -18,7 +18,6 @@ from . import sqlite_sets as sets
 from .base import (
     MAX_EVICTIONS_PER_PUT,
     SharedOpsMixin,
-    Store,
     StoreError,
     Writes,
     as_number,
@@ -435,19 +434,3 @@ def _prefix_clause(prefix: str) -> tuple[str, dict[str, str]]:
     if SURROGATE_FIRST <= nxt <= SURROGATE_LAST:
         nxt = SURROGATE_LAST + 1
     return "key >= :lo AND key < :hi", {"lo": prefix, "hi": stem[:-1] + chr(nxt)}
-
-
-async def hand_back(fallback: SqliteStore, store: Store) -> int:
-    """What a process stored in its in-process fallback while the store was down (offloaded texts, decisions,
-    compaction records), written to the store - what another process wrote there meanwhile is kept - and
-    forgotten here. Returns how many were handed back."""
-    handed = 0
-    for key, value, ttl in await fallback.live_blobs():
-        handed += await store.put_if_absent(key, value, ttl)
-        await fallback.delete(key)
-    return handed
-
-
-def in_process_store() -> SqliteStore:
-    """A store of this process alone, in memory: what a request falls back on while the configured one is down."""
-    return SqliteStore(MEMORY_PATH)
