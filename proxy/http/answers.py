@@ -54,7 +54,7 @@ class CountEveryAnswer:
         if scope["type"] != "http" or scope["path"].startswith(_OWN_PATHS):
             await self.app(scope, receive, send)
             return
-        answer = Answer(scope, send)
+        answer = CountedAnswer(scope, send)
         try:
             await self.app(scope, receive, answer.send)
         except Exception:
@@ -62,7 +62,7 @@ class CountEveryAnswer:
             raise
 
 
-class Answer:
+class CountedAnswer:
     """One client request's answer, counted once: as its response starts, or as the 500 it gets when the app
     fails before one started (rendered outside, by the outermost error handler). Also used by the browser guard
     (proxy/http/local_guard.py), whose refusals never reach CountEveryAnswer but are counted all the same."""

@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.config import ServerSettings
 from proxy.engine.routing import Forbidden, names_proxy
 from proxy.errors import ProxyError
-from proxy.http.answers import Answer
+from proxy.http.answers import CountedAnswer
 from proxy.http.error_handlers import proxy_error
 from proxy.logs import event
 
@@ -55,7 +55,7 @@ async def refuse(err: ProxyError, scope: Scope, receive: Receive, send: Send) ->
     """Answer a request refused before it was read: over HTTP as the app answers any ProxyError (in the client's API
     shape, counted and logged); a WebSocket handshake with the same status and JSON, the socket never opened."""
     if scope["type"] == "http":
-        answer = Answer(scope, send)  # counted as every answer is (CountEveryAnswer's count, which it never reaches)
+        answer = CountedAnswer(scope, send)  # counted as every answer is (CountEveryAnswer never sees it)
         response = await proxy_error(Request(scope, receive), err)
         await response(scope, receive, answer.send)
         return

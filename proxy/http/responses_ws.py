@@ -49,7 +49,7 @@ from proxy import offloop
 from proxy.config import ServerSettings
 from proxy.errors import BadRequest, PayloadTooLarge, ProxyError
 from proxy.http.ws_history import SocketHistory
-from proxy.http.ws_turn import Completion, http_headers, proxy_error, run_turn, ws_error
+from proxy.http.ws_turn import SeenTurn, http_headers, proxy_error, run_turn, ws_error
 from proxy.logs import event, log
 from proxy.state import ProxyState
 from proxy.wire import jsonio
@@ -200,7 +200,7 @@ class Socket:
         await self._turn(whole, history_size, stream_id)
 
     async def _turn(self, body: dict[str, Any], history_size: int, stream_id: str | None) -> None:
-        outcome = Completion()
+        outcome = SeenTurn()
         frames = run_turn(self.st, self.ws, self.headers, body, history_size, stream_id, outcome)
         try:
             async for frame in frames:

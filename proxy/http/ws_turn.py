@@ -64,7 +64,7 @@ def http_headers(ws: WebSocket) -> list[tuple[str, str]]:
 
 
 @dataclass
-class Completion:
+class SeenTurn:
     """What the client saw of the turn: the response it completed (its id and output), if it completed."""
 
     response_id: str | None = None
@@ -89,7 +89,7 @@ def proxy_error(err: errors.ProxyError, stream_id: str | None = None) -> bytes:
 
 
 async def run_turn(st: ProxyState, ws: WebSocket, headers: list[tuple[str, str]], body: dict[str, Any], size: int,
-                   stream_id: str | None, outcome: Completion) -> AsyncGenerator[bytes, None]:
+                   stream_id: str | None, outcome: SeenTurn) -> AsyncGenerator[bytes, None]:
     """The turn's frames, in order; `outcome` says how it ended. `size`: the bytes of JSON `body` stands for (a big
     body is written off the event loop, as the HTTP path writes one)."""
     raw = jsonio.dumps(body) if offloop.body_is_light(size) else await offloop.run(jsonio.dumps, body)
@@ -112,7 +112,7 @@ async def run_turn(st: ProxyState, ws: WebSocket, headers: list[tuple[str, str]]
 
 
 async def _stream_frames(chunks: AsyncIterator[bytes], stream_id: str | None,
-                         outcome: Completion) -> AsyncIterator[bytes]:
+                         outcome: SeenTurn) -> AsyncIterator[bytes]:
     buffer = bytearray()
     try:
         async for chunk in chunks:
@@ -130,7 +130,7 @@ async def _stream_frames(chunks: AsyncIterator[bytes], stream_id: str | None,
         await chunks.aclose()  # type: ignore[attr-defined]  # the engine's relay: its ledger closed now
 
 
-def _frame(payload: bytes, stream_id: str | None, outcome: Completion) -> bytes:
+def _frame(payload: bytes, stream_id: str | None, outcome: SeenTurn) -> bytes:
     """One event's JSON as its frame: the provider's bytes, unless it is an error (the WebSocket shape), it
     completes the response (its id and output are kept), or the turn has a lane (`stream_id` echoed)."""
     head = payload[:160]
@@ -159,7 +159,7 @@ def _frame(payload: bytes, stream_id: str | None, outcome: Completion) -> bytes:
     return jsonio.dumps(data)
 
 
-def _whole_frame(answer: Answer, stream_id: str | None, outcome: Completion) -> bytes:
+def _whole_frame(answer: Answer, stream_id: str | None, outcome: SeenTurn) -> bytes:
     """A turn answered whole: an error status as the `error` event; a whole response as `response.completed`."""
     body = answer.content
     try:

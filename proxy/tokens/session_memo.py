@@ -36,7 +36,7 @@ from proxy.tokens.message_facts import MessageFacts
 from proxy.tokens.prefix import common_prefix
 
 
-class Conversation(Protocol):
+class MemoView(Protocol):
     """What the memo reads and gives of a request's conversation (proxy/request.py Conversation)."""
 
     raw: bytes
@@ -164,7 +164,7 @@ class SessionMemo:
     def bytes(self) -> int:
         return self._bytes
 
-    def recall(self, tenant: str, session: str, conv: Conversation) -> int:
+    def recall(self, tenant: str, session: str, conv: MemoView) -> int:
         """Give `conv` what is known about its leading messages (nothing if the session is new or changed).
 
         Returns how many leading messages are known.
@@ -192,14 +192,14 @@ class SessionMemo:
             conv.facts.learn((obj,), (digest,), (n,) if counts is not None else None)
         return known
 
-    async def remember(self, tenant: str, session: str, conv: Conversation) -> None:
+    async def remember(self, tenant: str, session: str, conv: MemoView) -> None:
         """`keep`, with its walk over the leaves of the messages new to the memo on the pool unless they are
         light (proxy/offloop.py): the request path's way."""
         memo = conv.memo or RequestMemo()
         new = conv.client_messages[memo.known:] if len(conv.raw) <= self.max_bytes else []
         self.keep(tenant, session, conv, await offloop.run_unless_light(new, _leaves_of, new, memo.known))
 
-    def keep(self, tenant: str, session: str, conv: Conversation,
+    def keep(self, tenant: str, session: str, conv: MemoView,
              new_leaves: dict[int, list[tuple[Path, Any]]] | None = None) -> None:
         """Remember `conv` (after the pipeline and accounting) for the session's next request (`new_leaves`:
         the leaves of its messages the memo did not know, when already found)."""
