@@ -7,8 +7,6 @@ client's own retry and reporting logic keeps working unchanged.
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
 
@@ -72,9 +70,6 @@ class ProxyError(Exception):
     def google_body(self) -> bytes:
         return google_error_body(self.message, self.status)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = orjson.loads(self.body())
-        return out
 
 
 class BadRequest(ProxyError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import orjson
@@ -111,7 +111,7 @@ def _todo_counts(arguments: str, shape: TodoShape) -> tuple[int, int, str | None
 
 @dataclass
 class Progress:
-    """`analyze` part way through a history: a later request repeating those messages resumes from here.
+    """A history's trajectory, part way through it: a later request repeating those messages resumes from here.
 
     A left fold over the messages (each step reads only the state and the next
     message), so the state after message i of an identical prefix is always the same.
@@ -157,10 +157,3 @@ class Progress:
             self.statuses.append(i)
         else:
             self.add(m, is_error, todo)
-
-
-def analyze(wire: Codec, messages: Sequence[Item], is_error: Callable[[Item], bool], todo: TodoShape) -> Trajectory:
-    p = Progress(wire)
-    for m in messages:
-        p.add(m, is_error, todo)
-    return p.trajectory
