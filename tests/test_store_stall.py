@@ -88,14 +88,13 @@ def test_a_store_that_stays_down_costs_the_wait_once_then_the_fallback_rewrites(
     monkeypatch.setattr(degrade, "STORE_WAIT_S", 1.0)
     run = over_the_window(proxy, upstream)
     stalling.until = time.monotonic() + 30
-    started = time.monotonic()
     r = post(proxy, run)
     assert r.status_code == 200 and r.headers.get("x-ctxproxy-degraded") == "store-fallback"
     assert len(upstream.requests[-1].json["messages"]) < len(run)  # rewritten, not sent to its rejection
-    first = time.monotonic() - started
+    assert int(r.headers["x-ctxproxy-store-wait-ms"]) >= 900  # it waited for the store, and says so
     r = post(proxy, run + [{"role": "user", "content": "and now?"}])
     assert r.status_code == 200 and r.headers.get("x-ctxproxy-degraded") == "store-fallback"
-    assert time.monotonic() - started - first < first  # the store known down: no second wait
+    assert "x-ctxproxy-store-wait-ms" not in r.headers  # the store known down: no second wait
 
 
 def test_redis_killed_mid_session_the_next_over_window_turns_are_answered(upstream, tmp_path, monkeypatch):

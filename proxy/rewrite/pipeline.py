@@ -45,7 +45,7 @@ from proxy.rewrite.offload import Offload
 from proxy.rewrite.settings import Peers
 from proxy.rewrite.status_bar.transform import StatusBar
 from proxy.store import StoreError
-from proxy.store.guarded import backing_off
+from proxy.store.guarded import backing_off, said_down
 
 
 class Transform(Protocol):
@@ -138,9 +138,9 @@ async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: Reque
     does not (or was already known to be down), it is rewritten from the process's own store (from_fallback).
     """
     current = "pipeline"
-    known_down = backing_off(ctx.store)
+    known_down = said_down(ctx.store)  # down since an earlier request: no wait for it (it stays down)
     try:
-        if known_down:
+        if backing_off(ctx.store):
             raise StoreError("store unavailable (backing off after a failure)")
         await conv.prepare_digests()
         for transform in pipeline:

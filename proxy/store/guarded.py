@@ -120,6 +120,11 @@ def backing_off(store: Store) -> bool:
     return isinstance(store, GuardedStore) and store.degraded
 
 
+def said_down(store: Store) -> bool:
+    """True if `store` is a guarded store said to be down and not answering since (its breaker may be half open)."""
+    return isinstance(store, GuardedStore) and store.down_since is not None
+
+
 class GuardedStore:
     """Wraps any `Store`; same methods, same results, plus a deadline and a breaker."""
 
@@ -208,8 +213,9 @@ class GuardedStore:
         if self.down_since is not None:
             return False
         self.down_since = time.monotonic()
-        event("store unavailable: requests are forwarded unmodified (no offload, compression or status bar) "
-              "until it answers", logging.WARNING, store=self.name, op=op, reason=reason)
+        event("store unavailable: requests are forwarded unmodified (no offload, compression or status bar; one over "
+              "its window is rewritten from an in-process fallback) until it answers", logging.WARNING,
+              store=self.name, op=op, reason=reason)
         return True
 
     def _recovered(self) -> None:
