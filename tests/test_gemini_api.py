@@ -328,3 +328,17 @@ def test_a_call_nested_past_the_safe_depth_is_answered_and_never_written_back(gp
     assert r.status_code == 200, r.text
     assert len(upstream.requests) == 2 and b"[[[[" not in upstream.requests[1].body
     assert "context_read" not in r.text
+
+
+def test_a_route_that_injects_the_operators_key_forwards_no_client_key(make_proxy: Any, upstream: MockUpstream,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """api_key_env: the operator's key goes upstream as x-goog-api-key, in place of the client's header and of a
+    `?key=` in the URL alike (the query's other parameters kept)."""
+    monkeypatch.setenv("GEMINI_OPERATOR_KEY", "op-key")  # read from the environment as the request is sent
+    p = make_proxy(upstream_url=root(upstream) + "/v1beta",
+                   upstream={"api": "google", "api_key_env": "GEMINI_OPERATOR_KEY"})
+    r = p.post(f"/v1beta/models/{MODEL}:streamGenerateContent?alt=sse&key=client-key", json=body("short"),
+               headers={"host": "127.0.0.1"})
+    assert r.status_code == 200, r.text
+    sent = upstream.requests[-1]
+    assert sent.query == "alt=sse" and sent.headers["x-goog-api-key"] == "op-key"

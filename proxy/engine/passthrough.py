@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from proxy.engine.routing import INJECTS_KEY, injected_key, require_proxy_host, resolve_route
+from proxy.engine.routing import INJECTS_KEY, forwarded_query, injected_key, require_proxy_host, resolve_route
 from proxy.engine.run import Answer, Inbound, model_in, new_request_id, refusal
 from proxy.engine.send import provider_call
 from proxy.errors import ProxyError
@@ -57,7 +57,7 @@ async def _passthrough(st: ProxyState, inbound: Inbound, wire: Codec, upstream_p
         log["route"] = k.route = route.name
         if route.upstream.api_key_env:
             require_proxy_host(headers, st.settings.server, INJECTS_KEY)
-        url = upstream_url(route.upstream, upstream_path, inbound.query)
+        url = upstream_url(route.upstream, upstream_path, forwarded_query(inbound.query, route, wire.dialect.key_query))
         sent_headers = request_headers(inbound.headers, injected_key(route))
         resp = await provider_call(st, trace, "passthrough", inbound.method, url, sent_headers, body or None,
                                    route.upstream, k.model)

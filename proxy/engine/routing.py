@@ -139,6 +139,14 @@ def query_key(query: str, name: str | None) -> str | None:
     return None
 
 
+def forwarded_query(query: str, route: Route, key_param: str | None) -> str:
+    """The query string sent upstream: the client's, less a key of its own (`?key=`) where the route injects the
+    operator's key (as the client's key headers are replaced, proxy/upstream/client.py request_headers)."""
+    if not key_param or not route.upstream.api_key_env or key_param + "=" not in query:
+        return query
+    return "&".join(p for p in query.split("&") if p.partition("=")[0] != key_param)
+
+
 def tenant_id(api_key: str | None, salt: str) -> str:
     """A keyed hash of the key: stable across replicas sharing the salt, useless to an attacker."""
     if not api_key:

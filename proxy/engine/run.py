@@ -24,6 +24,7 @@ from proxy.accounting.own_calls import RequestOwnCalls
 from proxy.engine.routing import (
     INJECTS_KEY,
     api_key_of,
+    forwarded_query,
     injected_key,
     query_key,
     request_class,
@@ -222,6 +223,7 @@ async def _context(st: ProxyState, inbound: Inbound, conv: Conversation, request
     session, opening = session_id(headers, tenant, route, conv)
     return RequestContext(request_id=request_id, route=route, tenant=tenant, session=session, model=model,
                           stream=conv.wire.is_stream(conv.body), store=st.store, fallback=st.fallback,
+                          upstream_query=forwarded_query(inbound.query, route, conv.wire.dialect.key_query),
                           archive_quota=st.settings.store_quota_bytes,
                           window=min(window, learned or window), upstream=st.upstream,
                           upstream_headers=request_headers(items, injected_key(route), identity_encoding=True),

@@ -55,11 +55,11 @@ class Sent:
     early: Ledger | None = None  # `meanwhile`'s ledger, when it measured the request that got this response
 
 
-async def send_upstream(st: ProxyState, query: str, conv: Conversation, ctx: RequestContext,
+async def send_upstream(st: ProxyState, conv: Conversation, ctx: RequestContext,
                         run: RequestRun, meanwhile: Meanwhile | None = None) -> Sent:
     """The request sent, and `meanwhile(conv, ctx)` done while the provider answers (`while_answered`);
     its ledger is dropped when an overflow retry sends another request."""
-    url = upstream_url(ctx.route.upstream, conv.wire.upstream_path(ctx.model, ctx.stream), query)
+    url = upstream_url(ctx.route.upstream, conv.wire.upstream_path(ctx.model, ctx.stream), ctx.upstream_query)
     answered = 0.0
 
     async def send(payload: bytes, kind: str = "turn") -> httpx.Response:

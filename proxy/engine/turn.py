@@ -63,7 +63,7 @@ async def _turn(st: ProxyState, inbound: Inbound, wire: Codec, run: RequestRun) 
         conv = await parse(inbound, wire, run)
         ctx = await context(st, inbound, conv, run)
         conv = await shape(st.pipelines[ctx.route.name], conv, ctx)
-        sent = await send_upstream(st, inbound.query, conv, ctx, run, functools.partial(_opened, st, run))
+        sent = await send_upstream(st, conv, ctx, run, functools.partial(_opened, st, run))
     except ProxyError as err:
         return await run.failed(st, err)
     ledger = sent.early or await _opened(st, run, sent.conv, sent.ctx)
@@ -146,7 +146,7 @@ async def _count(st: ProxyState, inbound: Inbound, wire: Codec, run: RequestRun)
         ctx = await context(st, inbound, conv, run)
         if ctx.route.count_tokens == "rewritten":
             conv = await shape(st.pipelines[ctx.route.name], conv, ctx, "count")
-        url = upstream_url(ctx.route.upstream, wire.upstream_path(ctx.model, False), inbound.query)
+        url = upstream_url(ctx.route.upstream, wire.upstream_path(ctx.model, False), ctx.upstream_query)
         payload = await loop_free.to_bytes(conv)
         resp = await provider_call(st, run.trace, "count_tokens", "POST", url, ctx.upstream_headers, payload,
                                    ctx.route.upstream, ctx.model)

@@ -69,6 +69,7 @@ class RequestContext:
     client_compacts: bool = False
     # the process's own store, for a request over its window while `store` is down (proxy/rewrite/degrade.py)
     fallback: Store | None = None
+    upstream_query: str = ""  # the client's query string as forwarded (proxy/engine/routing.py forwarded_query)
 
 
 class ReadRounds(Protocol):
