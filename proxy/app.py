@@ -113,9 +113,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # The proxied paths are plain Starlette routes: they take the raw request, so FastAPI's per-request
     # dependency and validation machinery would be pure overhead on the hot path. The registry's APIs (APIS)
-    # come first: the router tries routes in order, and no other path starts with an API's root (/v1/, /v1beta/) or
-    # /r/, so the proxy's
-    # own endpoints after them answer exactly as before.
+    # come first: the router tries routes in order, and no other path starts with an API's root (/v1/, /v1beta/)
+    # or /r/, so the proxy's own endpoints after them answer exactly as before.
     for prefix in ("", "/r/{route}"):
         for api in APIS:
             app.add_route(prefix + api.path, count_tokens(api.codec) if api.counts else turns(api.codec),

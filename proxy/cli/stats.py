@@ -153,9 +153,8 @@ def _session_lines(data: dict[str, Any]) -> list[str]:
         comp = r.get("compacted") or "-"
         cause = r.get("break") or (f"error: {r['error']}" if r.get("error") else "-")
         rows.append(["  " + label if "." in label else label, _clock(r["ts"]), status, _num(r.get("prompt")),
-                     _num(r.get("cached")),
-                     _num(r.get("cacheable")), offl, comp, _num(r.get("saved")), _num(r.get("read_rounds")),
-                     _num(r.get("overhead_ms"), 1), cause])
+                     _num(r.get("cached")), _num(r.get("cacheable")), offl, comp, _num(r.get("saved")),
+                     _num(r.get("read_rounds")), _num(r.get("overhead_ms"), 1), cause])
     if not rows:
         return out + ["no requests recorded"]
     return out + _table(["#", "TIME", "STATUS", "PROMPT", "CACHED", "CACHEABLE", "OFFLOADS NEW/IN EFFECT",

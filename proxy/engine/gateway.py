@@ -132,7 +132,7 @@ async def retrieve(st: ProxyState, inbound: Inbound, digest: str) -> Answer:
     handle = HANDLE_PREFIX + digest.lower()
     tenant = tenant_id(api_key_of(inbound.header_map()), st.settings.tenant_salt)
     try:
-        text = await Archive(st.store, tenant).get_text(handle) if is_handle(handle) else None
+        text = await Archive(st.store, tenant, fallback=st.fallback).get_text(handle) if is_handle(handle) else None
         if text is None:
             raise NotFound(f"hash={digest[:64]} not found or expired", code="not_found")
     except StoreError:

@@ -49,7 +49,7 @@ async def get_blob(request: Request) -> Response:
         raise Unauthorized("send the API key that made the request (Authorization: Bearer ...)", code="missing_api_key")
     handle = request.path_params["handle"]
     try:
-        text = await Archive(st.store, tenant_id(key, st.settings.tenant_salt)).get_text(handle)
+        text = await Archive(st.store, tenant_id(key, st.settings.tenant_salt), fallback=st.fallback).get_text(handle)
     except StoreError:
         raise StoreUnavailable("the proxy's store is unreachable; try again shortly") from None
     if text is None:
@@ -59,10 +59,10 @@ async def get_blob(request: Request) -> Response:
 
 async def get_stats(request: Request) -> Response:
     scope = scope_of(request)
-    await state_of(request).accounting.settle()
+    st = state_of(request)
+    await st.accounting.settle()
+    prices = {name: facts.price for name, facts in st.settings.models.items() if facts.price is not None}
     try:
-        st = state_of(request)
-        prices = {name: facts.price for name, facts in st.settings.models.items() if facts.price is not None}
         return _json(await stats(st.store, scope.tenant, prices=prices))
     except StoreError:
         raise StoreUnavailable("the proxy's store is unreachable; figures are unavailable") from None
@@ -133,11 +133,14 @@ async def get_request(request: Request) -> Response:
                            f"{sum('.' not in n for n in labels)}; the proxy's own calls n.1, n.2)",
                            code="request_not_found")
         entry, n = timeline[at], labels[at]
-        rec = await _inspect_record(store, tenant, wanted, entry["request_id"], at - len(timeline))
-        if "." in n and rec is not None and "sent" in rec:  # the proxy's own call: what it sent
+        own = "." in n  # the proxy's own call: its record says what it sent
+        turn = entry.get("kind", "turn") == "turn"
+        rec = await _inspect_record(store, tenant, wanted, entry["request_id"], at - len(timeline)) \
+            if own or turn else None
+        if own and rec is not None and "sent" in rec:
             return _json({"session": wanted, "request": n, "request_id": entry["request_id"],
                           "entry": {**entry, "n": n}, "sent": rec["sent"]})
-        if entry.get("kind", "turn") != "turn":
+        if not turn:
             made = f"the proxy's own call made for request {n.split('.')[0]}" if "." in n else "no turn"
             raise NotFound(f"request {n} of session {wanted!r} was {made} ({entry['kind']}, status "
                            f"{entry.get('status')}, prompt {entry.get('prompt')} tokens): the inspector shows the "

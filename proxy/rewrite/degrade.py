@@ -35,8 +35,8 @@ from proxy.store import Store
 STORE_DOWN = "store-unavailable"
 STORE_FALLBACK = "store-fallback"  # rewritten from the process's own store while the configured one is down
 # How long a request already over its window waits for a stalled store before it goes unmodified (and is
-# rejected for length): a store that stalls for a few seconds then costs that request a few seconds, not
-# the agent's run. A store that stays down costs each such request this long, once, and the same rejection.
+# rewritten from the in-process fallback): a store that stalls for a few seconds then costs that request a few
+# seconds, not the agent's run. Once the store is said down, later such requests go to the fallback at once.
 STORE_WAIT_S = 5.0
 _STORE_ASKED_EVERY_S = 0.1
 

@@ -166,15 +166,14 @@ async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: Reque
         fresh = await forward_unmodified(conv, ctx, STORE_DOWN, e)
         if waited or fresh.window_need() <= ctx.window:
             return fresh
+        if known_down:
+            return await from_fallback(pipeline, conv, ctx, fresh)
         started = time.perf_counter()
-        answered = not known_down and await wait_for_store(ctx.store)
-        waited_ms = StoreWaited(round((time.perf_counter() - started) * 1000, 3))
-        if answered:  # a stall: rewritten with the store after all
+        if await wait_for_store(ctx.store):  # a stall: rewritten with the store after all
             done = await run_pipeline(pipeline, await loop_free.parse(conv.raw, conv.wire), ctx, waited=True)
         else:
             done = await from_fallback(pipeline, conv, ctx, fresh)
-        if not known_down:
-            done.events.append(waited_ms)
+        done.events.append(StoreWaited(round((time.perf_counter() - started) * 1000, 3)))
         return done
     except Exception as e:  # noqa: BLE001 - containment: a transform's bug must not fail the agent's request
         return await forward_unmodified(conv, ctx, current, e)

@@ -62,6 +62,7 @@ class Ready:
     usage: list[Any]
     handle: str  # of the transcript it summarizes
 
+
 def _key(log: CompactionLog, conv: Conversation, view: View) -> str:
     """Named by what the span follows (the recorded prefix in effect, or none), not by a version number:
     a client re-sending an older history after newer compactions finds the same claim as the first time."""

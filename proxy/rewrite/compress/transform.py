@@ -166,9 +166,9 @@ class Compress:
             for m, kind in zip(view.messages, _kinds(conv.wire, view)):
                 if kind is not None:
                     conv.wrote(m, *kind)
-            ours = set(map(id, view.messages))
+            present = set(map(id, view.messages))
             for m in paired:
-                if id(m) not in ours:  # a call's missing result, filled in
+                if id(m) not in present:  # a call's missing result, filled in
                     conv.wrote(m, SYNTHETIC)
             conv.set_messages(paired)
             conv.events.append(CompactionInEffect(view.version, view.kept))
