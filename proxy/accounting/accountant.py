@@ -121,8 +121,10 @@ class Accountant:
         return await self._previous.check(ctx.tenant, ctx.session, ctx.model, trace)
 
     def record(self, ctx: RequestContext, conv: Conversation, trace: PrefixTrace, check: PrefixCheck, outcome: Outcome,
-               figures: Figures, rounds: Rounds | None = None, roles: str | None = None) -> dict[str, Any]:
-        """Metrics now; the store in the background. Returns fields for the request's log line.
+               figures: Figures, rounds: Rounds | None = None, roles: str | None = None
+               ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """Metrics now; the store in the background. Returns its timeline entry (None: not recorded) and fields
+        for the request's log line.
 
         Only a request the provider accepted becomes the previous request (what the next one's
         cached prefix is measured against).
@@ -139,12 +141,12 @@ class Accountant:
             self._metrics(ctx, entry, outcome, figures)
         except Exception:  # accounting must never be the reason a request fails
             log.exception("accounting failed", extra={"fields": {"request_id": ctx.request_id}})
-            return {}
+            return None, {}
         self._queue(ctx, traces, entry, figures, inspect, texts, read.handles)
         if not self.log_content:
-            return {}
+            return entry, {}
         known = set(previous.raw) if previous is not None else set()
-        return {"client_messages": [{"index": i, "message": m} for i, (d, m)
+        return entry, {"client_messages": [{"index": i, "message": m} for i, (d, m)
                                     in enumerate(zip(trace.raw, conv.client_messages)) if d not in known]}
 
     def cacheable(self, conv: Conversation, trace: PrefixTrace, check: PrefixCheck, accepted: bool, status: int,

@@ -40,7 +40,8 @@ class Recorder(Protocol):
     """Where a ledger records its request (proxy/accounting/accountant.py Accountant)."""
 
     def record(self, ctx: RequestContext, conv: Conversation, trace: PrefixTrace, check: PrefixCheck, outcome: Outcome,
-               figures: Figures, rounds: ReadRounds | None = None, roles: str | None = None) -> dict[str, Any]: ...
+               figures: Figures, rounds: ReadRounds | None = None, roles: str | None = None
+               ) -> tuple[dict[str, Any] | None, dict[str, Any]]: ...
 
     def cacheable(self, conv: Conversation, trace: PrefixTrace, check: PrefixCheck, accepted: bool, status: int,
                   rounds: ReadRounds | None) -> int | None: ...
@@ -58,6 +59,7 @@ class Ledger:
     rounds: ReadRounds | None = None
     roles: str | None = None  # the inspector's role codes of the client's messages, measured with the rest
     closed: dict[str, Any] | None = field(default=None, repr=False)
+    entry: dict[str, Any] | None = field(default=None, repr=False)  # the timeline entry it recorded, once closed
 
     def headers(self) -> dict[str, str]:
         """What the proxy did to this request, as response headers."""
@@ -69,15 +71,15 @@ class Ledger:
                                          self.rounds)
 
     def close(self, status: int, error: str | None = None) -> dict[str, Any]:
-        """Record how the request ended (once; a second close returns the first's fields)."""
+        """Record how the request ended (once; a second close returns the first's fields); the log line's fields."""
         if self.closed is not None:
             return self.closed
         o = self.outcome
         o.status, o.error = status, error
         if o.usage is None:  # the turn failed after hidden rounds the provider billed
             o.usage = hidden_usage(self.rounds)
-        fields = self.accountant.record(self.ctx, self.conv, self.trace, self.check, o, self.figures, self.rounds,
-                                        self.roles)
+        self.entry, fields = self.accountant.record(self.ctx, self.conv, self.trace, self.check, o, self.figures,
+                                                    self.rounds, self.roles)
         if self.rounds is not None:
             fields = {"read_rounds": self.rounds.done, **fields}
         self.closed = fields

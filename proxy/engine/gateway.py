@@ -29,9 +29,8 @@ from urllib.parse import parse_qs
 import orjson
 
 from proxy import loop_free
-from proxy.accounting.ledger import Outcome
 from proxy.engine.routing import api_key_of, tenant_id
-from proxy.engine.run import Answer, Inbound, RequestRun, context, refusal
+from proxy.engine.run import Answer, Inbound, context, failed, start
 from proxy.errors import BadRequest, NotFound, ProxyError, StoreUnavailable
 from proxy.request import Conversation, ReadTool, RequestContext
 from proxy.request.events import CompactionInEffect, Degraded, Offloaded
@@ -51,15 +50,14 @@ _MAX_RETRIEVED_LINES = 400  # of a text read back for a query: its matching line
 
 async def compress(st: ProxyState, inbound: Inbound) -> Answer:
     """`POST /v1/compress`: the rows the gateway sent, each as the route's engine rewrites it."""
-    run = RequestRun.start(inbound, CHAT, kind="compress")
+    flow = start(st, inbound, CHAT, kind="compress")
     try:
         rows, model = _rows(await inbound.read())
         raw = orjson.dumps({"model": model or "", "messages": rows})
         conv = await loop_free.parse(raw, CHAT)
-        ctx = dataclasses.replace(await context(st, inbound, conv, run), stream=False, purpose="engine")
+        ctx = dataclasses.replace(await context(st, inbound, conv, flow), stream=False, purpose="engine")
     except ProxyError as err:
-        run.finish({}, status=err.status, error=err.code)
-        return refusal(err, CHAT, run.headers)
+        return failed(flow, err)
     before = default_counter.count_messages(conv.client_messages, model)
     audit = ctx.route.audit
     shaped = await _shaped(st, conv, ctx)
@@ -67,31 +65,28 @@ async def compress(st: ProxyState, inbound: Inbound) -> Answer:
     offloads = [e for e in shaped.events if isinstance(e, Offloaded)]
     after = default_counter.count_messages(shaped.messages, model) if shaped.changed else before
     outcome = "audit" if audit else "degraded" if degraded else "rewritten" if shaped.changed else "unchanged"
-    run.headers["x-ctxproxy-engine"] = outcome
+    flow.headers["x-ctxproxy-engine"] = outcome
     if degraded:
-        run.headers["x-ctxproxy-degraded"] = degraded[0]
+        flow.headers["x-ctxproxy-degraded"] = degraded[0]
     metrics = st.accounting.metrics
     metrics.engine.labels(ctx.route.name, outcome).inc()
-    fields: dict[str, object] = {"engine": outcome, "tokens_before": before, "tokens_after": after}
+    flow.log.update(engine=outcome, tokens_before=before, tokens_after=after)
     if audit:  # what it would have done, said; nothing of it done
-        run.headers.update({"x-ctxproxy-audit-tokens-after": str(after),
+        flow.headers.update({"x-ctxproxy-audit-tokens-after": str(after),
                             "x-ctxproxy-audit-offloads": str(len(offloads))})
         metrics.audit_tokens.labels(ctx.route.name, "before").inc(before)
         metrics.audit_tokens.labels(ctx.route.name, "after").inc(after)
         answer = _answer(conv.client_messages, before, before, [], [])
     else:
         # accepted: the gateway takes the rows as answered (the provider's answer to them is not seen here)
-        ledger = await st.accounting.open(ctx, shaped, Outcome(overhead_s=0.0, own=list(ctx.own_calls.made),
-                                                               accepted=True))
-        run.known.accounted = True
-        run.headers.update(ledger.headers())
-        fields.update(ledger.close(200))
+        await flow.sent(shaped, ctx)
+        flow.answered(200)
         named = (shaped.written_at(i) for i in range(len(shaped.messages)))  # the handles the rows name
         hashes = list(dict.fromkeys(w[1].removeprefix(HANDLE_PREFIX) for w in named if w and w[1]))
         transforms = ["ctxproxy:offload"] * bool(offloads) + ["ctxproxy:clear"] * bool(shaped.kinds(CompactionInEffect))
         answer = _answer(shaped.messages, before, after, transforms, hashes)
-    run.finish(fields, status=200)
-    return Answer(200, JSON, run.headers, answer)
+    flow.end(200)
+    return Answer(200, JSON, flow.headers, answer)
 
 
 def _rows(raw: bytes) -> tuple[list[Any], str | None]:
@@ -128,7 +123,7 @@ def _answer(rows: list[Any], before: int, after: int, transforms: list[str], has
 async def retrieve(st: ProxyState, inbound: Inbound, digest: str) -> Answer:
     """`GET /v1/retrieve/{hash}[?query=]`: the text an engine call stored, whole or its lines matching the query;
     404 for a hash the tenant never stored."""
-    run = RequestRun.start(inbound, CHAT, kind="retrieve")
+    flow = start(st, inbound, CHAT, kind="retrieve")
     handle = HANDLE_PREFIX + digest.lower()
     tenant = tenant_id(api_key_of(inbound.header_map()), st.settings.tenant_salt)
     try:
@@ -136,12 +131,9 @@ async def retrieve(st: ProxyState, inbound: Inbound, digest: str) -> Answer:
         if text is None:
             raise NotFound(f"hash={digest[:64]} not found or expired", code="not_found")
     except StoreError:
-        err = StoreUnavailable("the store is unavailable right now; try again later")
-        run.finish({}, status=err.status, error=err.code)
-        return refusal(err, CHAT, run.headers)
+        return failed(flow, StoreUnavailable("the store is unavailable right now; try again later"))
     except ProxyError as err:
-        run.finish({}, status=err.status, error=err.code)
-        return refusal(err, CHAT, run.headers)
+        return failed(flow, err)
     query = _query(inbound.query).split()
     if query:  # the lines holding the phrase, else those holding any of its words
         for pattern in (r"\s+".join(map(_escaped, query)), "|".join(map(_escaped, query))):
@@ -149,8 +141,9 @@ async def retrieve(st: ProxyState, inbound: Inbound, digest: str) -> Answer:
             if not found.startswith(f"[{handle}: 0 lines"):
                 break
         text = found
-    run.finish({"tenant": tenant}, status=200)
-    return Answer(200, JSON, run.headers, orjson.dumps({"hash": digest, "original_content": text}))
+    flow.log["tenant"] = tenant
+    flow.end(200)
+    return Answer(200, JSON, flow.headers, orjson.dumps({"hash": digest, "original_content": text}))
 
 
 def _query(query: str) -> str:

@@ -11,12 +11,11 @@ from __future__ import annotations
 import time
 
 from proxy.engine.routing import INJECTS_KEY, forwarded_query, injected_key, require_proxy_host, resolve_route
-from proxy.engine.run import Answer, Inbound, model_in, new_request_id, refusal
+from proxy.engine.run import Answer, Inbound, failed, model_in, start
 from proxy.engine.send import provider_call
 from proxy.errors import ProxyError
-from proxy.logs import event
+from proxy.request.flow import Flow
 from proxy.state import ProxyState
-from proxy.telemetry.base import NO_TRACE, RequestTrace
 from proxy.upstream.client import iter_raw, request_headers, response_headers, upstream_url
 from proxy.wire.codec import Codec
 from proxy.wire.dialects import OPENAI
@@ -34,55 +33,38 @@ async def passthrough(st: ProxyState, inbound: Inbound, wire: Codec, upstream_pa
     """`inbound` forwarded to `upstream_path` below the route's upstream; `wire`: the API whose shape its
     errors take."""
     if not st.tracing.on:
-        return await _passthrough(st, inbound, wire, upstream_path, NO_TRACE)
+        return await _passthrough(st, inbound, wire, upstream_path, start(st, inbound, wire, "passthrough"))
     trace = st.tracing.request(inbound.method, inbound.path, inbound.headers, wire.dialect.name,
                                operation="passthrough")
     with trace.activate():  # it ends with the request's log line
-        return await _passthrough(st, inbound, wire, upstream_path, trace)
+        return await _passthrough(st, inbound, wire, upstream_path, start(st, inbound, wire, "passthrough", trace))
 
 
-async def _passthrough(st: ProxyState, inbound: Inbound, wire: Codec, upstream_path: str,
-                       trace: RequestTrace) -> Answer:
-    t0 = time.perf_counter()
-    rid = new_request_id()
-    log: dict[str, object] = {"request_id": rid, "method": inbound.method, "path": inbound.path}
-    k = inbound.known  # its answer is counted as it starts (proxy/http/answers.py)
-    k.kind, k.request_id = "passthrough", rid
+async def _passthrough(st: ProxyState, inbound: Inbound, wire: Codec, upstream_path: str, flow: Flow) -> Answer:
+    k = flow.known  # its answer is counted as it starts (proxy/http/answers.py)
+    flow.log["method"] = inbound.method
     headers = inbound.header_map()
     try:
         body = await inbound.read()
         k.model = _model_of(body, headers.get("content-type", ""))
         route = resolve_route(st.settings, inbound.route, headers, k.model,
                               None if wire.dialect is OPENAI else wire.dialect.name)  # OpenAI's: the guess
-        log["route"] = k.route = route.name
+        flow.log["route"] = k.route = route.name
         if route.upstream.api_key_env:
             require_proxy_host(headers, st.settings.server, INJECTS_KEY)
         url = upstream_url(route.upstream, upstream_path, forwarded_query(inbound.query, route, wire.dialect.key_query))
         sent_headers = request_headers(inbound.headers, injected_key(route))
-        resp = await provider_call(st, trace, "passthrough", inbound.method, url, sent_headers, body or None,
+        resp = await provider_call(st, flow.trace, "passthrough", inbound.method, url, sent_headers, body or None,
                                    route.upstream, k.model)
-    except ProxyError as err:
-        k.error = err.code
-        _logged(trace, err.status, err.code, log)
-        return refusal(err, wire, {"x-ctxproxy-request-id": rid})
-    upstream, own = response_headers(resp.headers), {"x-ctxproxy-request-id": rid, "x-ctxproxy-route": route.name}
-    log.update(status=resp.status_code, overhead_ms=round((time.perf_counter() - t0) * 1000, 3))
-    declared = resp.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) <= _BUFFER_LIMIT:
-        try:
+        flow.headers["x-ctxproxy-route"] = route.name
+        flow.log["overhead_ms"] = round((time.perf_counter() - flow.t0) * 1000, 3)
+        upstream = response_headers(resp.headers)
+        declared = resp.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) <= _BUFFER_LIMIT:
             content = b"".join([c async for c in iter_raw(resp, url)])
-        except ProxyError as err:
-            k.error = err.code
-            _logged(trace, err.status, err.code, {**log, "status": err.status})
-            return refusal(err, wire, {"x-ctxproxy-request-id": rid})
-        _logged(trace, resp.status_code, None, log)
-        return Answer(resp.status_code, upstream, own, content)
-    _logged(trace, resp.status_code, None, log)
-    return Answer(resp.status_code, upstream, own, chunks=iter_raw(resp, url))
-
-
-def _logged(trace: RequestTrace, status: int, error: str | None, log: dict[str, object]) -> None:
-    """The request's log line; its span (tracing on) ends with it."""
-    event("request", **({**log, "status": status, "error": error} if error else log))
-    if trace.on:
-        trace.end(status, error)
+            flow.end(resp.status_code)
+            return Answer(resp.status_code, upstream, flow.headers, content)
+    except ProxyError as err:
+        return failed(flow, err)
+    flow.end(resp.status_code)
+    return Answer(resp.status_code, upstream, flow.headers, chunks=iter_raw(resp, url))

@@ -2,10 +2,10 @@
 
 `Inbound` is a request as any transport hands it over (an HTTP request, one
 turn of a WebSocket), `Answer` what the engine gives back for it to frame: the
-engine never sees Starlette. `RequestRun` carries what every step adds to (its
-id, its clock, the headers the client gets, the fields of its one log line) and ends the request exactly
-once: `finish` writes the log line, `failed` turns a ProxyError into the
-client's error response (accounting a request that reached the upstream).
+engine never sees Starlette. A request's `Flow` (proxy/request/flow.py, made by
+`start`) carries what every step adds to and is watched by accounting, tracing
+and the log line (`LogLine`); `failed` turns a ProxyError into the client's
+error response, ending the flow with it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 import orjson
 
 from proxy import loop_free
-from proxy.accounting.ledger import Outcome
+from proxy.accounting.observer import Accounted
 from proxy.accounting.own_calls import RequestOwnCalls
+from proxy.accounting.report import event_fields
 from proxy.engine.routing import (
     INJECTS_KEY,
     api_key_of,
@@ -37,6 +38,7 @@ from proxy.errors import ProxyError, RequestTimeout, UpstreamUnreachable
 from proxy.logs import log as logger
 from proxy.logs import request_event
 from proxy.request import Conversation, RequestContext
+from proxy.request.flow import Flow, Known, Observer
 from proxy.state import ProxyState
 from proxy.telemetry.base import NO_TRACE, RequestTrace
 from proxy.upstream.client import request_headers
@@ -51,20 +53,6 @@ def new_request_id() -> str:
     """`req_` and 16 hex digits, as random as secrets.token_hex(8) for telling requests apart, without its
     system call per request (an id is no credential: nothing is authorized by knowing one)."""
     return f"req_{_ids.getrandbits(64):016x}"
-
-
-@dataclass
-class Known:
-    """What the engine learned of a request, for counting its answer where no ledger does (proxy/http/answers.py)."""
-
-    kind: str = "other"  # turn | count | passthrough | other (a path the proxy does not serve)
-    route: str | None = None
-    model: str | None = None
-    tenant: str | None = None
-    session: str | None = None
-    error: str | None = None  # the proxy's error code, when it refused
-    request_id: str | None = None
-    accounted: bool = False  # a ledger records this request: not counted here
 
 
 @dataclass
@@ -108,58 +96,52 @@ def refusal(err: ProxyError, wire: Codec, headers: dict[str, str] | None = None)
     return Answer(err.status, [(b"content-type", b"application/json")], own, wire.error_body(err))
 
 
-@dataclass
-class RequestRun:
-    request_id: str
-    t0: float
-    log: dict[str, object]
-    headers: dict[str, str]
-    wire: Codec  # the client's API: its errors take that shape
-    t_sent: float = 0.0  # when the rewritten request went upstream (0: it never did)
-    ctx: RequestContext | None = None
-    conv: Conversation | None = field(default=None, repr=False)
-    known: Known = field(default_factory=Known)  # what counts the answer when no ledger does (proxy/http/answers.py)
-    trace: RequestTrace = NO_TRACE  # its spans (proxy/telemetry/), ended with its log line
-
-    @classmethod
-    def start(cls, inbound: Inbound, wire: Codec, kind: str = "turn") -> RequestRun:
-        """`kind`: turn, or count (count_tokens: rewritten as a turn would be, never a turn itself)."""
-        rid = new_request_id()
-        log: dict[str, object] = {"request_id": rid, "path": inbound.path}
-        if inbound.transport != "http":  # a turn of a WebSocket (proxy/http/ws_turn.py)
-            log["transport"] = inbound.transport
-        k = inbound.known
-        k.kind, k.request_id = kind, rid
-        return cls(rid, time.perf_counter(), log, {"x-ctxproxy-request-id": rid}, wire, known=k)
-
-    def finish(self, fields: dict[str, object], **more: object) -> None:
-        """The request's one log line."""
-        error = more.get("error")
-        if isinstance(error, str):
-            self.known.error = error
-        self.log.update(fields)
-        self.log.update({k: v for k, v in more.items() if v is not None})
-        self.log["total_ms"] = round((time.perf_counter() - self.t0) * 1000, 3)
-        request_event(self.log)
-        if self.trace.on:
-            status, error = more.get("status"), more.get("error")
-            self.trace.end(status if isinstance(status, int) else None, error if isinstance(error, str) else None)
-
-    async def failed(self, st: ProxyState, err: ProxyError) -> Answer:
-        """The client's error; a request that reached the upstream step is accounted as one failed request."""
-        fields: dict[str, object] = {}
-        if self.ctx is not None and self.conv is not None and self.t_sent:
-            outcome = Outcome(overhead_s=self.t_sent - self.t0, own=list(self.ctx.own_calls.made))
-            ledger = await st.accounting.open(self.ctx, self.conv, outcome)
-            self.known.accounted = True
-            if self.trace.on:
-                self.trace.opened(ledger)
-            fields = ledger.close(err.status, err.code)
-        self.finish(fields, status=err.status, error=err.code)
-        return refusal(err, self.wire, self.headers)
+def start(st: ProxyState, inbound: Inbound, wire: Codec, kind: str = "turn", trace: RequestTrace = NO_TRACE) -> Flow:
+    """A request's flow, watched by accounting, its trace (when tracing is on) and its log line, in that order: each
+    reads what the one before it added. `kind`: turn, count (count_tokens), passthrough, compress, retrieve."""
+    rid = new_request_id()
+    log: dict[str, object] = {"request_id": rid, "path": inbound.path}
+    if inbound.transport != "http":  # a turn of a WebSocket (proxy/http/ws_turn.py)
+        log["transport"] = inbound.transport
+    k = inbound.known
+    k.kind, k.request_id = kind, rid
+    observers: list[Observer] = [Accounted(st.accounting), trace, LOG_LINE] if trace.on \
+        else [Accounted(st.accounting), LOG_LINE]
+    return Flow(rid, time.perf_counter(), log, {"x-ctxproxy-request-id": rid}, k, wire, observers, trace)
 
 
-async def parse(inbound: Inbound, wire: Codec, run: RequestRun) -> Conversation:
+class LogLine:
+    """The request's one log line, written when it ends, with what accounting added to it."""
+
+    async def sent(self, flow: Flow) -> None:
+        pass
+
+    def answered(self, flow: Flow) -> None:
+        conv = flow.conv
+        if conv is not None:
+            flow.log.update(rewritten=conv.changed, overhead_ms=round((flow.t_sent - flow.t0) * 1000, 3),
+                            upstream_headers_ms=round(max(0.0, flow.t_answered - flow.t_sent) * 1000, 3),
+                            **event_fields(conv))
+
+    def ended(self, flow: Flow) -> None:
+        flow.log["status"] = flow.status
+        if flow.error is not None:
+            flow.log["error"] = flow.error
+        flow.log["total_ms"] = round((time.perf_counter() - flow.t0) * 1000, 3)
+        request_event(flow.log)
+
+
+LOG_LINE = LogLine()
+
+
+def failed(flow: Flow, err: ProxyError) -> Answer:
+    """The client's error, in its API's shape; the request ends with it (accounted as one failed request when
+    it had been sent upstream)."""
+    flow.end(err.status, err.code)
+    return refusal(err, flow.wire, flow.headers)
+
+
+async def parse(inbound: Inbound, wire: Codec, flow: Flow) -> Conversation:
     """The body, bounded and checked, as the API-neutral conversation (a 4xx for anything malformed).
     A body refused for its content, not for being unreadable JSON, is still counted under its model."""
     raw = await inbound.read()
@@ -167,7 +149,7 @@ async def parse(inbound: Inbound, wire: Codec, run: RequestRun) -> Conversation:
         return await loop_free.parse(raw, wire)
     except ProxyError as err:
         if err.code != "invalid_json":
-            run.known.model = model_in(raw)
+            flow.known.model = model_in(raw)
         raise
 
 
@@ -181,12 +163,12 @@ def model_in(raw: bytes) -> str | None:
     return model if isinstance(model, str) else None
 
 
-async def context(st: ProxyState, inbound: Inbound, conv: Conversation, run: RequestRun) -> RequestContext:
+async def context(st: ProxyState, inbound: Inbound, conv: Conversation, flow: Flow) -> RequestContext:
     """Route, tenant, session and window; then the rest of parsing (only items new to the session)."""
-    k = run.known
+    k = flow.known
     k.model = conv.model
     try:
-        ctx, opening = await _context(st, inbound, conv, run.request_id, run.trace)
+        ctx, opening = await _context(st, inbound, conv, flow.request_id, flow.trace)
     except Exception:
         await loop_free.check(conv)  # a bad body is reported first, as it always has been
         raise
@@ -198,10 +180,9 @@ async def context(st: ProxyState, inbound: Inbound, conv: Conversation, run: Req
             ctx = dataclasses.replace(ctx, session=branch)
     k.route, k.tenant, k.session = ctx.route.name, ctx.tenant, ctx.session
     # from here a refusal is in the session's timeline: its answer names the session as a turn's does
-    run.headers.update({"x-ctxproxy-route": ctx.route.name, "x-ctxproxy-session": ctx.session})
+    flow.headers.update({"x-ctxproxy-route": ctx.route.name, "x-ctxproxy-session": ctx.session})
     await loop_free.check(conv, known)
-    run.ctx, run.conv = ctx, conv
-    run.log.update(route=ctx.route.name, model=ctx.model, session=ctx.session, tenant=ctx.tenant, stream=ctx.stream,
+    flow.log.update(route=ctx.route.name, model=ctx.model, session=ctx.session, tenant=ctx.tenant, stream=ctx.stream,
                    messages=len(conv.messages), bytes_in=len(conv.raw))
     return ctx
 
@@ -241,7 +222,7 @@ class StreamEnd:
     error: str | None = None
 
 
-async def stream_events(chunks: AsyncIterator[bytes], end: StreamEnd, run: RequestRun,
+async def stream_events(chunks: AsyncIterator[bytes], end: StreamEnd, flow: Flow,
                         wire: Codec) -> AsyncIterator[bytes]:
     """Chunks as they arrive; a broken stream ends with one error event (and `end` says why), never a hang.
 
@@ -256,7 +237,7 @@ async def stream_events(chunks: AsyncIterator[bytes], end: StreamEnd, run: Reque
         async for chunk in chunks:
             if first is None:
                 first = time.perf_counter()
-                run.log["ttfb_ms"] = round((first - run.t0) * 1000, 3)
+                flow.log["ttfb_ms"] = round((first - flow.t0) * 1000, 3)
             if tail or not chunk.endswith(b"\n\n"):
                 chunk = tail + chunk
                 cut = chunk.rfind(b"\n\n") + 2  # 1: no event ends in it
@@ -274,6 +255,6 @@ async def stream_events(chunks: AsyncIterator[bytes], end: StreamEnd, run: Reque
         end.status, end.error = cut_err.status, cut_err.code
         yield wire.stream_error(cut_err, last)
     except Exception as exc:  # a proxy bug: the headers are out, so say it in the stream rather than cut it
-        logger.error("unexpected error in a stream", exc_info=exc, extra={"fields": {"request_id": run.request_id}})
+        logger.error("unexpected error in a stream", exc_info=exc, extra={"fields": {"request_id": flow.request_id}})
         end.status, end.error = 500, "internal_error"
         yield wire.stream_error(ProxyError("internal proxy error; see the proxy log"), last)

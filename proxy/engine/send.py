@@ -25,11 +25,10 @@ import httpx
 
 from proxy import loop_free
 from proxy.accounting.figures import carry_events
-from proxy.accounting.ledger import Ledger
 from proxy.config import UpstreamSettings
-from proxy.engine.run import RequestRun
 from proxy.logs import event
 from proxy.request import Conversation, RequestContext
+from proxy.request.flow import Flow
 from proxy.rewrite.context_read.loop import Send
 from proxy.rewrite.pipeline import shape
 from proxy.state import ProxyState
@@ -37,7 +36,6 @@ from proxy.telemetry.base import Headers, RequestTrace
 from proxy.upstream.client import read_answer, upstream_url
 from proxy.upstream.windows import overflow_limit
 
-Meanwhile = Callable[[Conversation, RequestContext], Awaitable[Ledger]]
 R = TypeVar("R")
 W = TypeVar("W")
 
@@ -51,41 +49,40 @@ class Sent:
     resp: httpx.Response
     url: str
     send: Send  # for the hidden rounds: more requests to the same place
-    answered: float  # perf_counter when the response's headers arrived
-    early: Ledger | None = None  # `meanwhile`'s ledger, when it measured the request that got this response
 
 
-async def send_upstream(st: ProxyState, conv: Conversation, ctx: RequestContext,
-                        run: RequestRun, meanwhile: Meanwhile | None = None) -> Sent:
-    """The request sent, and `meanwhile(conv, ctx)` done while the provider answers (`while_answered`);
-    its ledger is dropped when an overflow retry sends another request."""
+async def send_upstream(st: ProxyState, conv: Conversation, ctx: RequestContext, flow: Flow) -> Sent:
+    """The request sent; while the provider answers, it is remembered for the session's next turn and the flow
+    says it was sent (its observers measure it then: `while_answered`)."""
     url = upstream_url(ctx.route.upstream, conv.wire.upstream_path(ctx.model, ctx.stream), ctx.upstream_query)
-    answered = 0.0
 
     async def send(payload: bytes, kind: str = "turn") -> httpx.Response:
-        nonlocal answered
-        resp = await provider_call(st, run.trace, kind, "POST", url, ctx.upstream_headers, payload,
+        resp = await provider_call(st, flow.trace, kind, "POST", url, ctx.upstream_headers, payload,
                                    ctx.route.upstream, ctx.model)
-        answered = time.perf_counter()
+        flow.t_answered = time.perf_counter()
         return resp
 
-    run.t_sent = time.perf_counter()
-    payload = await loop_free.to_bytes(conv)
-    early: Ledger | None = None
-    first_conv, first_ctx = conv, ctx
-    if meanwhile is None:
-        resp = await send(payload)
-    else:
-        resp, early = await while_answered(send(payload), lambda: meanwhile(first_conv, first_ctx))
+    async def sent(conv: Conversation, ctx: RequestContext, kind: str) -> httpx.Response:
+        async def meanwhile() -> None:
+            await st.memo.remember(ctx.tenant, ctx.session, conv)
+            await flow.sent(conv, ctx)
+
+        payload = await loop_free.to_bytes(conv)
+        resp, _ = await while_answered(send(payload, kind), meanwhile)
+        return resp
+
+    flow.t_sent = time.perf_counter()
+    resp = await sent(conv, ctx, "turn")
     if resp.status_code == 400 and ctx.model:
-        resp, conv, ctx = await _retry_if_overflow(st, resp, url, functools.partial(send, kind="retry"), conv, ctx,
-                                                   run)
-    return Sent(conv, ctx, resp, url, functools.partial(send, kind="read_round"), answered,
-                early if conv is first_conv and ctx is first_ctx else None)
+        resp, conv, ctx = await _retry_if_overflow(st, resp, url, conv, ctx, flow, sent)
+    return Sent(conv, ctx, resp, url, functools.partial(send, kind="read_round"))
 
 
-async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, send: Send, conv: Conversation,
-                             ctx: RequestContext, run: RequestRun
+Resend = Callable[[Conversation, RequestContext, str], Awaitable[httpx.Response]]
+
+
+async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, conv: Conversation,
+                             ctx: RequestContext, flow: Flow, resend: Resend
                              ) -> tuple[httpx.Response, Conversation, RequestContext]:
     """On a context overflow, learn the window it names, rewrite to fit, and try once more."""
     content = await read_answer(resp, url)
@@ -94,7 +91,7 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, sen
     if limit is None or limit >= ctx.window:
         return httpx.Response(resp.status_code, headers=resp.headers, content=content), conv, ctx
     await st.windows.learn(ctx.tenant, ctx.route.name, ctx.model or "", limit)
-    run.headers["x-ctxproxy-window-learned"] = str(limit)
+    flow.headers["x-ctxproxy-window-learned"] = str(limit)
     event("learned context window from provider", request_id=ctx.request_id, route=ctx.route.name,
           model=ctx.model, window=limit)
     ctx = dataclasses.replace(ctx, window=limit)
@@ -102,8 +99,7 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, sen
     carry_events(first, conv)  # what the first run stored (offloads, compactions) still counts
     st.memo.recall(ctx.tenant, ctx.session, conv)
     conv = await shape(st.pipelines[ctx.route.name], conv, ctx)
-    run.ctx, run.conv = ctx, conv
-    return await send(await loop_free.to_bytes(conv)), conv, ctx
+    return await resend(conv, ctx, "retry"), conv, ctx
 
 
 async def provider_call(st: ProxyState, trace: RequestTrace, kind: str, method: str, url: str, headers: Headers,

@@ -22,8 +22,8 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.engine.routing import api_key_of, named_session, resolve_route, tenant_id
-from proxy.engine.run import Known
 from proxy.errors import ProxyError
+from proxy.request.flow import Known
 from proxy.state import ProxyState
 
 KNOWN = "ctxproxy.known"  # the scope key of a request's Known

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from proxy.accounting.prefix_check import expiry_cause
-
 if TYPE_CHECKING:
-    from proxy.accounting.ledger import Ledger
+    from proxy.request.flow import Flow
     from proxy.wire.usage import Usage
 
 Attributes = dict[str, Any]
@@ -31,34 +29,31 @@ def usage_attributes(usage: Usage | None) -> Attributes:
     return out
 
 
-def request_attributes(ledger: Ledger) -> Attributes:
-    """The request span's figures once its ledger is closed: those of its timeline entry (accountant._entry)."""
-    ctx, f, check, o = ledger.ctx, ledger.figures, ledger.check, ledger.outcome
-    ok, u = o.accepted, o.usage
+def request_attributes(flow: Flow) -> Attributes:
+    """The request span's figures once it ended: those of the timeline entry accounting recorded (`flow.entry`)."""
+    ctx, e = flow.ctx, flow.entry
+    if ctx is None or e is None:
+        return {}
+    ok = e["accepted"]
     out: Attributes = {
         "ctxproxy.request_id": ctx.request_id, "ctxproxy.route": ctx.route.name, "ctxproxy.session": ctx.session,
-        "ctxproxy.tenant": ctx.tenant, "ctxproxy.offloads": f.placeholders,
-        "ctxproxy.offloads_new": len(f.offloads_new),
-        "ctxproxy.compactions": len(f.compactions),
-        "ctxproxy.read_rounds": ledger.rounds.done if ledger.rounds is not None else 0,
-        "ctxproxy.own_calls": len(o.own), "ctxproxy.degraded": f.degraded, "ctxproxy.rewritten": ledger.conv.changed,
-        **usage_attributes(u),
+        "ctxproxy.tenant": ctx.tenant, "ctxproxy.offloads": e["offloaded"], "ctxproxy.offloads_new": e["offloaded_new"],
+        "ctxproxy.compactions": e["compactions"], "ctxproxy.read_rounds": e["read_rounds"],
+        "ctxproxy.own_calls": len(ctx.own_calls.made), "ctxproxy.degraded": e["degraded"],
+        "ctxproxy.rewritten": flow.conv is not None and flow.conv.changed,
+        "ctxproxy.cacheable_tokens": e["cacheable"] or 0,
+        **usage_attributes(flow.usage),
     }
-    cacheable = ledger.closed.get("cacheable") if ledger.closed is not None else None
-    if cacheable is None:  # not measured (the provider holds the history), or not closed yet: the turn's figure
-        cacheable = ledger.cacheable(o.status or 0) if ok else 0
-    out["ctxproxy.cacheable_tokens"] = cacheable or 0
     if ctx.model:
         out["gen_ai.request.model"] = ctx.model
-    if f.compacted:
-        out["ctxproxy.compaction"] = f.compacted
+    if e["compacted"]:
+        out["ctxproxy.compaction"] = e["compacted"]
     if ok:
-        out.update({"ctxproxy.tokens_saved": f.saved, "ctxproxy.tokens_saved.offload": f.saved_offload,
-                    "ctxproxy.tokens_saved.compress": f.saved_compress, "ctxproxy.client_tokens": f.client_tokens,
-                    "ctxproxy.sent_tokens": f.sent_tokens})
-        cause = expiry_cause(check, u.cached if u else None)
-        if cause:
-            out["ctxproxy.cache_break"] = cause
+        out.update({"ctxproxy.tokens_saved": e["saved"], "ctxproxy.tokens_saved.offload": e["saved_offload"],
+                    "ctxproxy.tokens_saved.compress": e["saved_compress"], "ctxproxy.client_tokens": e["client_tokens"],
+                    "ctxproxy.sent_tokens": e["sent_tokens"]})
+        if e["break"]:
+            out["ctxproxy.cache_break"] = e["break"]
     return out
 
 

@@ -53,11 +53,18 @@ class RequestTrace:
         it): the stream is relayed after the handler returned, outside the context `activate` set."""
         return chunks
 
-    def opened(self, ledger: Any) -> None:  # the request's Ledger (proxy/accounting/ledger.py), read by otel.py
-        """The request's accounting, read when the request ends."""
+    # An observer of the request's flow (proxy/request/flow.py; typed Any: that layer is above this one)
+    async def sent(self, flow: Any) -> None:
+        """The request went upstream."""
+
+    def answered(self, flow: Any) -> None:
+        """The provider answered."""
+
+    def ended(self, flow: Any) -> None:
+        """The request ended (relayed whole, its stream ended, or failed): its span ends, with its figures."""
 
     def end(self, status: int | None, error: str | None) -> None:
-        """The request ended (relayed whole, its stream ended, or failed): its span ends, with its figures."""
+        """The request ended outside a flow (cancelled, or a proxy bug): its span ends."""
 
 
 class Tracing:

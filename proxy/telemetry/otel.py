@@ -40,7 +40,7 @@ from proxy.telemetry.attributes import minus, request_attributes, usage_attribut
 from proxy.telemetry.base import Headers, RequestTrace, Tracing, UpstreamCall
 
 if TYPE_CHECKING:
-    from proxy.accounting.ledger import Ledger
+    from proxy.request.flow import Flow
     from proxy.wire.usage import Usage
 
 SCOPE = "ctxproxy"
@@ -199,7 +199,6 @@ class OtelRequestTrace(RequestTrace):
         self.tracer, self.span, self.provider = tracer, span, provider
         self.context = trace.set_span_in_context(span)
         self.calls: list[_Call] = []
-        self.ledger: Ledger | None = None
         self.done = False
 
     @contextmanager
@@ -265,16 +264,16 @@ class OtelRequestTrace(RequestTrace):
             if close is not None:
                 await close()
 
-    def opened(self, ledger: Ledger) -> None:
-        self.ledger = ledger
+    def ended(self, flow: Flow) -> None:
+        self.end(flow.status, flow.error, flow)
 
-    def end(self, status: int | None, error: str | None) -> None:
+    def end(self, status: int | None, error: str | None, flow: Flow | None = None) -> None:
         if self.done:
             return
         self.done = True
-        if self.ledger is not None:
-            self.span.set_attributes(request_attributes(self.ledger))
-            self._call_usages(self.ledger)
+        if flow is not None:
+            self.span.set_attributes(request_attributes(flow))
+            self._call_usages(flow)
         if status is not None:
             self.span.set_attribute("http.response.status_code", status)
         if error or (status or 0) >= 500:
@@ -284,11 +283,11 @@ class OtelRequestTrace(RequestTrace):
             call.end()
         self.span.end()
 
-    def _call_usages(self, ledger: Ledger) -> None:
+    def _call_usages(self, flow: Flow) -> None:
         """Each turn call's own usage: the hidden rounds' as reported, the last one's the total less theirs."""
         turn = [c for c in self.calls if c.kind in ("turn", "retry", "read_round")]
         turn = turn[max((i for i, c in enumerate(turn) if c.kind != "read_round"), default=0):]
-        total, rounds = ledger.outcome.usage, ledger.rounds
+        total, rounds = flow.usage, flow.rounds
         hidden = list(rounds.usages) if rounds is not None else []
         if total is None or not turn or len(hidden) != len(turn) - 1:
             return
