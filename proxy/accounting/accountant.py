@@ -84,11 +84,11 @@ class Accountant:
         """The request's ledger: measured once, here; closed once, by the handler (proxy/accounting/ledger.py).
 
         Measuring walks every message (digests, counts, the alignment, the inspector's roles): on the pool
-        for a big body (proxy/offloop.py body_is_light), so that closing the ledger walks none of them."""
-        if offloop.body_is_light(len(conv.raw), len(conv.messages)):
-            trace, figures, roles = self._measure(conv, ctx)
-        else:
+        for a heavy request (Conversation.heavy), so that closing the ledger walks none of them."""
+        if conv.heavy:
             trace, figures, roles = await offloop.run(self._measure, conv, ctx)
+        else:
+            trace, figures, roles = self._measure(conv, ctx)
         return Ledger(self, ctx, conv, trace, figures, await self.check(ctx, conv, trace), outcome, roles=roles)
 
     def _measure(self, conv: Conversation, ctx: RequestContext) -> tuple[PrefixTrace, Figures, str]:

@@ -28,7 +28,6 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from proxy import loop_free
 from proxy.engine.routing import api_key_of, tenant_id
 from proxy.engine.run import Answer, Inbound, context, failed, start
 from proxy.errors import BadRequest, NotFound, ProxyError, StoreUnavailable
@@ -54,7 +53,7 @@ async def compress(st: ProxyState, inbound: Inbound) -> Answer:
     try:
         rows, model = _rows(await inbound.read())
         raw = orjson.dumps({"model": model or "", "messages": rows})
-        conv = await loop_free.parse(raw, CHAT)
+        conv = await Conversation.read(raw, CHAT)
         ctx = dataclasses.replace(await context(st, inbound, conv, flow), stream=False, purpose="engine")
     except ProxyError as err:
         return failed(flow, err)

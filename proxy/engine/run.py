@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from proxy import loop_free
 from proxy.accounting.observer import Accounted
 from proxy.accounting.own_calls import RequestOwnCalls
 from proxy.accounting.report import event_fields
@@ -146,7 +145,7 @@ async def parse(inbound: Inbound, wire: Codec, flow: Flow) -> Conversation:
     A body refused for its content, not for being unreadable JSON, is still counted under its model."""
     raw = await inbound.read()
     try:
-        return await loop_free.parse(raw, wire)
+        return await Conversation.read(raw, wire)
     except ProxyError as err:
         if err.code != "invalid_json":
             flow.known.model = model_in(raw)
@@ -170,7 +169,7 @@ async def context(st: ProxyState, inbound: Inbound, conv: Conversation, flow: Fl
     try:
         ctx, opening = await _context(st, inbound, conv, flow.request_id, flow.trace)
     except Exception:
-        await loop_free.check(conv)  # a bad body is reported first, as it always has been
+        await conv.check()  # a bad body is reported first, as it always has been
         raise
     known = st.memo.recall(ctx.tenant, ctx.session, conv)
     if opening:  # derived from the opening alone: another conversation with that opening is a branch of its own
@@ -181,7 +180,7 @@ async def context(st: ProxyState, inbound: Inbound, conv: Conversation, flow: Fl
     k.route, k.tenant, k.session = ctx.route.name, ctx.tenant, ctx.session
     # from here a refusal is in the session's timeline: its answer names the session as a turn's does
     flow.headers.update({"x-ctxproxy-route": ctx.route.name, "x-ctxproxy-session": ctx.session})
-    await loop_free.check(conv, known)
+    await conv.check(known)
     flow.log.update(route=ctx.route.name, model=ctx.model, session=ctx.session, tenant=ctx.tenant, stream=ctx.stream,
                    messages=len(conv.messages), bytes_in=len(conv.raw))
     return ctx

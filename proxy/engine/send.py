@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 import httpx
 
-from proxy import loop_free
 from proxy.accounting.figures import carry_events
 from proxy.config import UpstreamSettings
 from proxy.logs import event
@@ -67,7 +66,7 @@ async def send_upstream(st: ProxyState, conv: Conversation, ctx: RequestContext,
             await st.memo.remember(ctx.tenant, ctx.session, conv)
             await flow.sent(conv, ctx)
 
-        payload = await loop_free.to_bytes(conv)
+        payload = await conv.rendered()
         resp, _ = await while_answered(send(payload, kind), meanwhile)
         return resp
 
@@ -95,7 +94,7 @@ async def _retry_if_overflow(st: ProxyState, resp: httpx.Response, url: str, con
     event("learned context window from provider", request_id=ctx.request_id, route=ctx.route.name,
           model=ctx.model, window=limit)
     ctx = dataclasses.replace(ctx, window=limit)
-    first, conv = conv, await loop_free.parse(conv.raw, conv.wire)
+    first, conv = conv, await Conversation.read(conv.raw, conv.wire)
     carry_events(first, conv)  # what the first run stored (offloads, compactions) still counts
     st.memo.recall(ctx.tenant, ctx.session, conv)
     conv = await shape(st.pipelines[ctx.route.name], conv, ctx)

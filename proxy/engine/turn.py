@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from proxy import loop_free
 from proxy.engine.run import Answer, Inbound, StreamEnd, context, failed, parse, start, stream_events
 from proxy.engine.send import Sent, provider_call, send_upstream
 from proxy.errors import ProxyError
@@ -127,7 +126,7 @@ async def _count(st: ProxyState, inbound: Inbound, wire: Codec, flow: Flow) -> A
         if ctx.route.count_tokens == "rewritten":
             conv = await shape(st.pipelines[ctx.route.name], conv, ctx, "count")
         url = upstream_url(ctx.route.upstream, wire.upstream_path(ctx.model, False), ctx.upstream_query)
-        payload = await loop_free.to_bytes(conv)
+        payload = await conv.rendered()
         resp = await provider_call(st, flow.trace, "count_tokens", "POST", url, ctx.upstream_headers, payload,
                                    ctx.route.upstream, ctx.model)
         content = await read_answer(resp, url)

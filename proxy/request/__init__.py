@@ -108,6 +108,9 @@ class Conversation:
     owned: dict[str, object] = field(default_factory=dict)
     memo: RequestMemo | None = None  # what the session's previous request left (proxy/tokens/session_memo.py)
     usage_hidden: bool = False  # the proxy asked the stream for usage the client did not ask for
+    # its whole-body steps (parse, the per-item checks, render and dump, the accounting measure) run on the pool:
+    # decided once, when it is read (offloop.body_is_light: by its bytes and its items)
+    heavy: bool = False
     facts: MessageFacts = field(init=False, repr=False)
     _style: JsonStyle | None = field(default=None, init=False, repr=False)
     _tools: tuple[list[Any] | None] | None = field(default=None, init=False, repr=False)  # (tools,) once read
@@ -270,12 +273,34 @@ class Conversation:
             return self.raw
         return self.style.dumps(self.wire.render(self.body))
 
+    async def rendered(self) -> bytes:
+        """What is sent upstream (`to_bytes`), rendered and dumped on the pool when the request is heavy."""
+        if not self.changed:
+            return self.raw
+        return await offloop.run(self.to_bytes) if self.heavy else self.to_bytes()
+
     @classmethod
     def parse(cls, raw: bytes, wire: Codec) -> Conversation:
         """Parse and check a body in the codec's API; anything malformed is a 400, never a 500."""
         body = wire.parse(raw)
-        return cls(raw=raw, body=body, wire=wire, client_messages=wire.items(body))
+        items = wire.items(body)
+        conv = cls(raw=raw, body=body, wire=wire, client_messages=items,
+                   heavy=not offloop.body_is_light(len(raw), len(items)))
+        if conv.heavy:
+            _ = conv.style  # sniffed with the parse: a scan of the whole body
+        return conv
 
-    def check_messages(self, start: int = 0) -> None:
-        """The rest of parsing: the items from `start` on (those the session's memo does not know)."""
-        self.wire.check_items(self.body, start)
+    @classmethod
+    async def read(cls, raw: bytes, wire: Codec) -> Conversation:
+        """`parse`, on the pool when the body is big (a 400 for anything malformed either way)."""
+        if offloop.body_is_light(len(raw)):
+            return cls.parse(raw, wire)
+        return await offloop.run(cls.parse, raw, wire)
+
+    async def check(self, start: int = 0) -> None:
+        """The rest of parsing: the items from `start` on (those the session's memo does not know), on the pool
+        when the request is heavy."""
+        if self.heavy:
+            await offloop.run(self.wire.check_items, self.body, start)
+        else:
+            self.wire.check_items(self.body, start)

@@ -26,7 +26,6 @@ import asyncio
 import logging
 import time
 
-from proxy import loop_free
 from proxy.logs import event, log
 from proxy.request import Conversation, RequestContext
 from proxy.request.events import Degraded
@@ -48,7 +47,7 @@ async def forward_unmodified(conv: Conversation, ctx: RequestContext, cause: str
     else:
         log.error("transform failed; forwarding unmodified", exc_info=error,
                   extra={"fields": {"request_id": ctx.request_id, "transform": cause}})
-    fresh = await loop_free.parse(conv.raw, conv.wire)
+    fresh = await Conversation.read(conv.raw, conv.wire)
     fresh.events.append(Degraded(cause, "store unavailable" if cause == STORE_DOWN else f"{type(error).__name__}"))
     await fresh.prepare_digests()
     await fresh.prepare_counts()

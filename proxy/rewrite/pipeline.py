@@ -32,7 +32,6 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel
 
-from proxy import loop_free
 from proxy.config import Route
 from proxy.request import Conversation, RequestContext
 from proxy.request.events import Degraded, StoreWaited
@@ -119,7 +118,7 @@ async def from_fallback(pipeline: list[Transform], conv: Conversation, ctx: Requ
     within the process) rather than sent to certain rejection; `fresh` (the client's, unmodified) if that fails."""
     if ctx.fallback is None:
         return fresh
-    rewritten = await run_pipeline(pipeline, await loop_free.parse(conv.raw, conv.wire),
+    rewritten = await run_pipeline(pipeline, await Conversation.read(conv.raw, conv.wire),
                                    dataclasses.replace(ctx, store=ctx.fallback), waited=True)
     if any(isinstance(e, Degraded) for e in rewritten.events):
         return fresh
@@ -170,7 +169,7 @@ async def run_pipeline(pipeline: list[Transform], conv: Conversation, ctx: Reque
             return await from_fallback(pipeline, conv, ctx, fresh)
         started = time.perf_counter()
         if await wait_for_store(ctx.store):  # a stall: rewritten with the store after all
-            done = await run_pipeline(pipeline, await loop_free.parse(conv.raw, conv.wire), ctx, waited=True)
+            done = await run_pipeline(pipeline, await Conversation.read(conv.raw, conv.wire), ctx, waited=True)
         else:
             done = await from_fallback(pipeline, conv, ctx, fresh)
         done.events.append(StoreWaited(round((time.perf_counter() - started) * 1000, 3)))
