@@ -47,19 +47,14 @@ def _apply(conn: sqlite3.Connection, rng: random.Random, now: float) -> None:
     max_len = rng.choice([None, 1, 3, 10])
     absent = rng.random() < 0.5
 
-    def put(key: str, value: bytes) -> None:
-        sql = sqlite_store._UPSERT_BLOB_IF_ABSENT if absent else sqlite_store._UPSERT_BLOB
-        conn.execute(sql, {"key": key, "value": value, "ttl": ttl, "now": now})
-
-    def rows(listed: list[tuple[str, bytes]]) -> None:
-        sqlite_sets.append_rows(conn, listed, max_len, ttl, now)
+    row_sql = sqlite_store._UPSERT_BLOB_IF_ABSENT if absent else sqlite_store._UPSERT_BLOB
 
     conn.execute("BEGIN IMMEDIATE")
     sqlite_sets.add_counters(conn, amounts, sqlite_store._INCR)
-    sqlite_sets.put_blobs(conn, blobs, ttl, now, absent, put)
+    sqlite_sets.put_blobs(conn, blobs, ttl, now, absent, row_sql)
     if rng.random() < 0.7:  # else entries that JSON cannot carry are left out: the set path runs
         entries = [(k, v) for k, v in entries if b"\0" not in v and v != b"\x80"]
-    sqlite_sets.append_logs(conn, entries, max_len, ttl, now, rows)
+    sqlite_sets.append_logs(conn, entries, max_len, ttl, now)
     conn.execute("COMMIT")
 
 

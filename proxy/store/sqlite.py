@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -302,10 +301,8 @@ class SqliteStore(SharedOpsMixin):
 
         def append(conn: sqlite3.Connection, p: Params) -> None:
             self._maybe_purge(conn, p["now"])
-            now = p["now"]
             with _transaction(conn, "BEGIN IMMEDIATE"):  # one transaction for the whole batch
-                sets.append_logs(conn, entries, max_len, ttl, now,
-                                 functools.partial(sets.append_rows, conn, max_len=max_len, ttl=ttl, now=now))
+                sets.append_logs(conn, entries, max_len, ttl, p["now"])
 
         if entries:
             await self._run("append_logs", append)
@@ -323,20 +320,13 @@ class SqliteStore(SharedOpsMixin):
         def write(conn: sqlite3.Connection, p: Params) -> None:
             now = p["now"]
             self._maybe_purge(conn, now)
-
-            def put(sql: str) -> Callable[[str, bytes], None]:
-                def one(key: str, value: bytes) -> None:
-                    conn.execute(sql, {"key": key, "value": value, "ttl": ttl, "now": now})
-                return one
-
             with _transaction(conn, "BEGIN IMMEDIATE"):
                 if writes.amounts:
                     sets.add_counters(conn, writes.amounts, _INCR)
-                sets.put_blobs(conn, records, ttl, now, False, put(_UPSERT_BLOB))
-                sets.put_blobs(conn, absent, ttl, now, True, put(_UPSERT_BLOB_IF_ABSENT))
+                sets.put_blobs(conn, records, ttl, now, False, _UPSERT_BLOB)
+                sets.put_blobs(conn, absent, ttl, now, True, _UPSERT_BLOB_IF_ABSENT)
                 for entries, max_len in logs:
-                    sets.append_logs(conn, entries, max_len, ttl, now,
-                                     functools.partial(sets.append_rows, conn, max_len=max_len, ttl=ttl, now=now))
+                    sets.append_logs(conn, entries, max_len, ttl, now)
 
         if writes.amounts or records or absent or logs:
             await self._run("write_batch", write)

@@ -14,7 +14,6 @@ a NUL), a counter amount that is not an integer within 2**53.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -59,8 +58,8 @@ _TRIM = (
 )
 
 def _as_text(value: bytes) -> str | None:
-    """`value` as a string JSON carries byte for byte, or None."""
-    if b"\0" in value:
+    """`value` as a string JSON carries byte for byte, or None (always, on a SQLite without JSON)."""
+    if not AVAILABLE or b"\0" in value:
         return None
     try:
         return value.decode("utf-8")
@@ -70,8 +69,7 @@ def _as_text(value: bytes) -> str | None:
 
 def add_counters(conn: sqlite3.Connection, amounts: dict[str, int | float], row_wise: str) -> None:
     """Counters added to: exact integers in one statement, any other amount by `row_wise` (the per-row upsert)."""
-    whole = {k: v for k, v in amounts.items() if isinstance(v, int) and -_EXACT_INT < v < _EXACT_INT} \
-        if AVAILABLE else {}
+    whole = {k: v for k, v in amounts.items() if AVAILABLE and isinstance(v, int) and -_EXACT_INT < v < _EXACT_INT}
     rest = [(k, v) for k, v in amounts.items() if k not in whole]
     if whole:
         try:
@@ -83,37 +81,38 @@ def add_counters(conn: sqlite3.Connection, amounts: dict[str, int | float], row_
 
 
 def put_blobs(conn: sqlite3.Connection, values: dict[str, bytes], ttl: float | None, now: float, if_absent: bool,
-              row_wise: Callable[[str, bytes], None]) -> None:
-    """Blobs put (or put unless present and live), in one statement; what JSON cannot carry by `row_wise`."""
+              row_wise: str) -> None:
+    """Blobs put (or put unless present and live), in one statement; what JSON cannot carry by `row_wise` (the
+    per-row upsert of the same kind)."""
     texts: dict[str, str] = {}
+    rest: list[str] = []
     for key, value in values.items():
-        text = _as_text(value) if AVAILABLE else None
+        text = _as_text(value)
         if text is None:
-            row_wise(key, value)
+            rest.append(key)
         else:
             texts[key] = text
-    if not texts:
-        return
-    try:
-        payload = orjson.dumps(texts)
-    except orjson.JSONEncodeError:
-        for key, text in texts.items():
-            row_wise(key, text.encode())
-        return
-    conn.execute(_BLOBS_SET_IF_ABSENT if if_absent else _BLOBS_SET, {"set": payload, "ttl": ttl, "now": now})
+    if texts:
+        try:
+            payload = orjson.dumps(texts)
+        except orjson.JSONEncodeError:  # a key or text no JSON holds (a lone surrogate): every one row by row
+            rest = list(values)
+        else:
+            conn.execute(_BLOBS_SET_IF_ABSENT if if_absent else _BLOBS_SET, {"set": payload, "ttl": ttl, "now": now})
+    for key in rest:
+        conn.execute(row_wise, {"key": key, "value": values[key], "ttl": ttl, "now": now})
 
 
-def append_logs(conn: sqlite3.Connection, entries: Iterable[tuple[str, bytes]], max_len: int | None,
-                ttl: float | None, now: float, row_wise: Callable[[list[tuple[str, bytes]]], None]) -> None:
-    """Entries appended to their logs in order, each log trimmed to `max_len`, in five statements; `row_wise`
-    appends the whole list the old way when an entry is not text JSON carries exactly (order must hold)."""
+def append_logs(conn: sqlite3.Connection, entries: list[tuple[str, bytes]], max_len: int | None,
+                ttl: float | None, now: float) -> None:
+    """Entries appended to their logs in order, each log trimmed to `max_len`, in five statements; the whole
+    list goes row by row (`append_rows`) when an entry is not text JSON carries exactly (order must hold)."""
     items: list[list[object]] = []
     counts: dict[str, int] = {}
-    listed = list(entries)
-    for key, value in listed:
-        text = _as_text(value) if AVAILABLE else None
+    for key, value in entries:
+        text = _as_text(value)
         if text is None:
-            row_wise(listed)
+            append_rows(conn, entries, max_len, ttl, now)
             return
         n = counts.get(key, 0)
         items.append([key, n, text])
@@ -123,7 +122,7 @@ def append_logs(conn: sqlite3.Connection, entries: Iterable[tuple[str, bytes]], 
     try:
         keys, payload, counted = orjson.dumps(list(counts)), orjson.dumps(items), orjson.dumps(counts)
     except orjson.JSONEncodeError:
-        row_wise(listed)
+        append_rows(conn, entries, max_len, ttl, now)
         return
     conn.execute(_CLEAR_ITEMS, {"keys": keys, "now": now})
     conn.execute(_CLEAR_META, {"keys": keys, "now": now})
@@ -134,7 +133,7 @@ def append_logs(conn: sqlite3.Connection, entries: Iterable[tuple[str, bytes]], 
 
 
 def append_rows(conn: sqlite3.Connection, entries: list[tuple[str, bytes]], max_len: int | None, ttl: float | None,
-                 now: float) -> None:
+                now: float) -> None:
     """The appends one statement at a time (what JSON cannot carry), inside the caller's transaction."""
     for key, value in entries:
         q = {"key": key, "now": now}
