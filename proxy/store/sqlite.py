@@ -274,14 +274,7 @@ class SqliteStore(SharedOpsMixin):
         return incr_result(amount, rows[0][0])
 
     async def incr_many(self, amounts: dict[str, int | float]) -> None:
-        for amount in amounts.values():
-            check_amount(amount)
-
-        def write(conn: sqlite3.Connection, p: Params) -> None:
-            with _transaction(conn, "BEGIN IMMEDIATE"):
-                conn.executemany(_INCR, list(amounts.items()))
-
-        await self._run("incr_many", write)
+        await self._write("incr_many", Writes(amounts=amounts))
 
     async def get_counter(self, key: str) -> int | float:
         rows = await self._rows("get_counter", "SELECT value FROM counters WHERE key = :key", key=key)
@@ -297,19 +290,16 @@ class SqliteStore(SharedOpsMixin):
     async def append_logs(
         self, entries: list[tuple[str, bytes]], max_len: int | None = None, ttl: float | None = None
     ) -> None:
-        max_len, ttl = check_max_len(max_len), check_ttl(ttl)
-
-        def append(conn: sqlite3.Connection, p: Params) -> None:
-            self._maybe_purge(conn, p["now"])
-            with _transaction(conn, "BEGIN IMMEDIATE"):  # one transaction for the whole batch
-                sets.append_logs(conn, entries, max_len, ttl, p["now"])
-
-        if entries:
-            await self._run("append_logs", append)
+        check_max_len(max_len)  # even with no entries to append
+        await self._write("append_logs", Writes(ttl=ttl, logs=[(entries, max_len)]))
 
     async def write_batch(self, writes: Writes) -> None:
         """One thread hop and one transaction for the accounting's whole batch, in a few set-based statements
         (proxy/store/sqlite_sets.py: a statement per row starved for the GIL under load)."""
+        await self._write("write_batch", writes)
+
+    async def _write(self, op: str, writes: Writes) -> None:
+        """`writes` in one transaction (incr_many and append_logs are batches of one kind of write)."""
         ttl = check_ttl(writes.ttl)
         for amount in writes.amounts.values():
             check_amount(amount)
@@ -329,7 +319,7 @@ class SqliteStore(SharedOpsMixin):
                     sets.append_logs(conn, entries, max_len, ttl, now)
 
         if writes.amounts or records or absent or logs:
-            await self._run("write_batch", write)
+            await self._run(op, write)
 
     async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
         def read(conn: sqlite3.Connection, p: Params) -> list[bytes]:
