@@ -86,7 +86,6 @@ class RedisStore(SharedOpsMixin):
         socket_timeout: float = SOCKET_TIMEOUT_S,
     ) -> None:
         self.layout = KeyLayout(prefix)
-        self.prefix = prefix
         target = parse_redis_url(url)
         self.mode = target.mode
         # A WAIT blocks its connection: past the socket timeout it would fail the write it guards.
@@ -127,21 +126,22 @@ class RedisStore(SharedOpsMixin):
         else:
             pipe.execute_command("WAIT", self.wait, self.wait_ms)
 
-    async def _durable(self, name: bytes, *command: Any, **options: Any) -> Any:
-        """One write, and its WAIT when the store waits for replicas; the write's reply."""
-        if not self.wait:
-            return await self._client.execute_command(*command, **options)
-        pipe = self._pipeline()
-        pipe.execute_command(*command, **options)
-        await self._wait_after(pipe, name)
-        return (await self._run_waited(pipe))[0]
-
-    async def _run_waited(self, pipe: Any) -> list[Any]:
-        """Run a pipeline that ends in the WAIT `_wait_after` queued: the other replies; a write fewer replicas
-        acknowledged than asked (in time) counts in ``unreplicated`` (only the primary holds it)."""
-        return self._acked(await self._run(pipe))
+    async def _set(self, op: str, key: str, value: bytes, ttl: float | None, *flags: str) -> Any:
+        """SET a blob (put, put_if_absent), with its WAIT when the store waits for replicas; the SET's reply."""
+        ttl = check_ttl(ttl)
+        name = self._k(_BLOB, key)
+        command = ("SET", name, value, *flags, *(() if ttl is None else ("PX", ttl_ms(ttl))))
+        with self._errors(op):
+            if not self.wait:
+                return await self._client.execute_command(*command)
+            pipe = self._pipeline()
+            pipe.execute_command(*command)
+            await self._wait_after(pipe, name)
+            return self._acked(await self._run(pipe))[0]
 
     def _acked(self, replies: list[Any]) -> list[Any]:
+        """The replies of a pipeline that ends in the WAIT `_wait_after` queued, that WAIT's taken off; a write
+        fewer replicas acknowledged than asked (in time) counts in ``unreplicated`` (only the primary holds it)."""
         if self.wait and int(replies.pop()) < self.wait:
             self.unreplicated += 1
             if self.on_unreplicated is not None:
@@ -176,19 +176,10 @@ class RedisStore(SharedOpsMixin):
             return cast("bytes | None", await self._client.get(self._k(_BLOB, key)))
 
     async def put(self, key: str, value: bytes, ttl: float | None = None) -> None:
-        ttl = check_ttl(ttl)
-        name = self._k(_BLOB, key)
-        expiry = () if ttl is None else ("PX", ttl_ms(ttl))
-        with self._errors("put"):
-            await self._durable(name, "SET", name, value, *expiry)
+        await self._set("put", key, value, ttl)
 
     async def put_if_absent(self, key: str, value: bytes, ttl: float | None = None) -> bool:
-        ttl = check_ttl(ttl)
-        name = self._k(_BLOB, key)
-        expiry = () if ttl is None else ("PX", ttl_ms(ttl))
-        with self._errors("put_if_absent"):
-            stored = await self._durable(name, "SET", name, value, "NX", *expiry)
-        return bool(stored)
+        return bool(await self._set("put_if_absent", key, value, ttl, "NX"))
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         if not keys:
