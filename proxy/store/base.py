@@ -225,19 +225,18 @@ def check_max_len(max_len: int | None) -> int | None:
     return max_len
 
 
-def check_quota(quota: int) -> int:
-    if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
-        raise ValueError(f"quota must be a positive int of bytes, got {quota!r}")
-    return quota
+def check_counted(key: str, group: str, quota: int) -> int:
+    """The quota of a counted put, checked with its key and group.
 
-
-def check_counted_group(key: str, group: str) -> None:
-    """A counted blob must share its group's slot group: eviction deletes blobs and bookkeeping in one step,
+    A counted blob must share its group's slot group: eviction deletes blobs and bookkeeping in one step,
     which a sharded backend can do only inside one slot. Checked on every backend, so a caller that breaks
     the rule finds out on the embedded one, not first on a cluster."""
+    if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
+        raise ValueError(f"quota must be a positive int of bytes, got {quota!r}")
     if not slot_group(group) or slot_group(key) != slot_group(group):
         raise ValueError(f"counted key {key!r} and group {group!r} must share one non-empty slot group "
                          "(proxy/store/keys.py: the same tenant, or the same session)")
+    return quota
 
 
 def check_amount(amount: int | float) -> int | float:

@@ -16,9 +16,8 @@ from .base import (
     StoreError,
     as_number,
     check_amount,
-    check_counted_group,
+    check_counted,
     check_max_len,
-    check_quota,
     check_ttl,
     incr_result,
     new_lock_token,
@@ -192,8 +191,7 @@ class RedisStore(SharedOpsMixin):
             await self._client.delete(self._k(_BLOB, key), self._k(_COUNTER, key), self._k(_LOG, key))
 
     async def put_counted(self, key: str, value: bytes, group: str, quota: int, ttl: float | None = None) -> int:
-        ttl, quota = check_ttl(ttl), check_quota(quota)
-        check_counted_group(key, group)
+        ttl, quota = check_ttl(ttl), check_counted(key, group, quota)
         blob = self._k(_BLOB, key)
         books = [self.layout.name(_COUNTED, group + part, group=group) for part in _COUNTED_PARTS]
         args = [value, b"" if ttl is None else ttl_ms(ttl), quota, key.encode(), MAX_EVICTIONS_PER_PUT, COUNTED_SLACK]

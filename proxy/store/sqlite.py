@@ -21,9 +21,8 @@ from .base import (
     Writes,
     as_number,
     check_amount,
-    check_counted_group,
+    check_counted,
     check_max_len,
-    check_quota,
     check_ttl,
     incr_result,
     new_lock_token,
@@ -221,8 +220,7 @@ class SqliteStore(SharedOpsMixin):
         await self._run("delete", forget, key=key)
 
     async def put_counted(self, key: str, value: bytes, group: str, quota: int, ttl: float | None = None) -> int:
-        ttl, quota = check_ttl(ttl), check_quota(quota)
-        check_counted_group(key, group)
+        ttl, quota = check_ttl(ttl), check_counted(key, group, quota)
 
         def write(conn: sqlite3.Connection, p: Params) -> int:
             self._maybe_purge(conn, p["now"])
