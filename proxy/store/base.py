@@ -151,29 +151,15 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
-class _Blobs(Protocol):
-    async def get(self, key: str) -> bytes | None: ...
-
-    async def put(self, key: str, value: bytes, ttl: float | None = None) -> None: ...
-
-    async def put_if_absent(self, key: str, value: bytes, ttl: float | None = None) -> bool: ...
-
-    async def append_logs(
-        self, entries: list[tuple[str, bytes]], max_len: int | None = None, ttl: float | None = None
-    ) -> None: ...
-
-    async def incr_many(self, amounts: dict[str, int | float]) -> None: ...
-
-
 class SharedOpsMixin:
     """Operations written once on top of each backend's primitives, so both backends agree byte for byte:
     JSON records over blobs, a single log append over the batched one."""
 
-    async def append_log(self: _Blobs, key: str, value: bytes, max_len: int | None = None,
+    async def append_log(self: Store, key: str, value: bytes, max_len: int | None = None,
                          ttl: float | None = None) -> None:
         await self.append_logs([(key, value)], max_len, ttl)
 
-    async def get_json(self: _Blobs, key: str) -> Any | None:
+    async def get_json(self: Store, key: str) -> Any | None:
         raw = await self.get(key)
         if raw is None:
             return None
@@ -182,13 +168,13 @@ class SharedOpsMixin:
         except orjson.JSONDecodeError as exc:
             raise StoreError(f"record at {key!r} is not valid JSON") from exc
 
-    async def put_json(self: _Blobs, key: str, value: Any, ttl: float | None = None) -> None:
+    async def put_json(self: Store, key: str, value: Any, ttl: float | None = None) -> None:
         await self.put(key, orjson.dumps(value), ttl)
 
-    async def put_json_if_absent(self: _Blobs, key: str, value: Any, ttl: float | None = None) -> bool:
+    async def put_json_if_absent(self: Store, key: str, value: Any, ttl: float | None = None) -> bool:
         return await self.put_if_absent(key, orjson.dumps(value), ttl)
 
-    async def write_batch(self: _Blobs, writes: Writes) -> None:
+    async def write_batch(self: Store, writes: Writes) -> None:
         """One call per write, in the contract's order (a backend with a cheaper way overrides this)."""
         if writes.amounts:
             await self.incr_many(writes.amounts)
