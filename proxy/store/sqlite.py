@@ -68,7 +68,10 @@ _UPSERT_BLOB = (
 )
 # An expired row counts as absent, so the upsert may take it over.
 _UPSERT_BLOB_IF_ABSENT = _UPSERT_BLOB + " WHERE blobs.expires_at IS NOT NULL AND blobs.expires_at <= :now"
-_INCR = "INSERT INTO counters (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = value + excluded.value"
+_INCR = (
+    "INSERT INTO counters (key, value) VALUES (:key, :amount)"
+    " ON CONFLICT (key) DO UPDATE SET value = value + excluded.value"
+)
 # Counted blobs that expired give their bytes back before the blobs themselves go.
 _EXPIRED_COUNTED = (
     "SELECT c.grp, SUM(c.size) FROM blobs b JOIN counted c ON c.key = b.key WHERE b.expires_at <= :now GROUP BY c.grp"
@@ -188,7 +191,6 @@ class SqliteStore(SharedOpsMixin):
         return [(k, bytes(v), None if exp is None else max(1.0, exp - now)) for k, v, exp in rows]
 
     async def put_if_absent(self, key: str, value: bytes, ttl: float | None = None) -> bool:
-        # An expired row counts as absent, so the upsert may take it over.
         return await self._changed("put_if_absent", _UPSERT_BLOB_IF_ABSENT, key=key, value=bytes(value),
                                    ttl=check_ttl(ttl))
 
@@ -264,11 +266,7 @@ class SqliteStore(SharedOpsMixin):
 
     async def incr(self, key: str, amount: int | float = 1) -> int | float:
         # fetchall() finishes the statement, so the write commits before returning.
-        sql = (
-            "INSERT INTO counters (key, value) VALUES (:key, :amount) ON CONFLICT (key)"
-            " DO UPDATE SET value = value + excluded.value RETURNING value"
-        )
-        rows = await self._rows("incr", sql, key=key, amount=check_amount(amount))
+        rows = await self._rows("incr", _INCR + " RETURNING value", key=key, amount=check_amount(amount))
         return incr_result(amount, rows[0][0])
 
     async def incr_many(self, amounts: dict[str, int | float]) -> None:

@@ -68,7 +68,8 @@ def _as_text(value: bytes) -> str | None:
 
 
 def add_counters(conn: sqlite3.Connection, amounts: dict[str, int | float], row_wise: str) -> None:
-    """Counters added to: exact integers in one statement, any other amount by `row_wise` (the per-row upsert)."""
+    """Counters added to: exact integers in one statement, any other amount by `row_wise` (the per-row upsert,
+    binding :key and :amount)."""
     whole = {k: v for k, v in amounts.items() if AVAILABLE and isinstance(v, int) and -_EXACT_INT < v < _EXACT_INT}
     rest = [(k, v) for k, v in amounts.items() if k not in whole]
     if whole:
@@ -77,7 +78,7 @@ def add_counters(conn: sqlite3.Connection, amounts: dict[str, int | float], row_
         except orjson.JSONEncodeError:  # a key no JSON holds (a lone surrogate): every one row by row
             rest = list(amounts.items())
     if rest:
-        conn.executemany(row_wise, rest)
+        conn.executemany(row_wise, ({"key": k, "amount": v} for k, v in rest))
 
 
 def put_blobs(conn: sqlite3.Connection, values: dict[str, bytes], ttl: float | None, now: float, if_absent: bool,
