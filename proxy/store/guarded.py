@@ -47,11 +47,7 @@ MAX_BACKOFF_S = 10.0  # ... doubling with each failed probe, up to this (a ping 
 # own socket/busy timeout, so a silent backend fails them just as fast.
 BULK_OPS = frozenset({"keys", "counters"})
 BULK_TIMEOUT_FACTOR = 20
-
-
 LAG_TICK_S = 0.02  # the lag monitor's beat: a beat late by more than this was a blocked loop
-
-
 LOOP_LAG_TASK = "ctxproxy-loop-lag"  # the monitor's task: it runs as long as the store does
 PROBE_KEY = tenant_key("ctxproxy", "probe")  # read by `ask_backend`; no tenant is named so, nothing is stored there
 
@@ -128,13 +124,13 @@ def said_down(store: Store) -> bool:
 class GuardedStore:
     """Wraps any `Store`; same methods, same results, plus a deadline and a breaker."""
 
-    def __init__(self, inner: Store, timeout: float | None = None, backoff: float | None = None,
-                 max_backoff: float | None = None, name: str = "store") -> None:
+    def __init__(self, inner: Store, timeout: float = TIMEOUT_S, backoff: float = BACKOFF_S,
+                 max_backoff: float = MAX_BACKOFF_S, name: str = "store") -> None:
         self.inner = inner
         self.name = redact_url(name)  # how the log names it: its URL, any password masked (not only the log's guess)
-        self.timeout = TIMEOUT_S if timeout is None else timeout
-        self.backoff = BACKOFF_S if backoff is None else backoff
-        self.max_backoff = MAX_BACKOFF_S if max_backoff is None else max_backoff
+        self.timeout = timeout
+        self.backoff = backoff
+        self.max_backoff = max_backoff
         self.failures = 0  # 0: closed; else failed attempts in a row (the first one, then probes)
         self.open_until = 0.0  # monotonic time before which every call fails fast
         self.probing = False  # a probe is in flight: the others fail fast meanwhile
