@@ -10,7 +10,6 @@ from .sqlite import SqliteStore
 __all__ = ["Store", "StoreError", "RedisStore", "SqliteStore", "open_store"]
 
 SQLITE_URL_HEAD = "sqlite:///"
-REDIS_SCHEMES = tuple(SCHEMES)
 ACCEPTED_FORMS = (
     "sqlite:///relative/path.db, sqlite:////abs/path.db, sqlite:///:memory:, "
     "redis://host:port/db, rediss://host:port/db, redis+cluster://host:port[,host:port...], "
@@ -34,7 +33,7 @@ def open_store(url: str, timeout: float | None = None) -> Store:
         if not path:
             raise ValueError(f"sqlite store URL needs a path after 'sqlite:///'; accepted: {ACCEPTED_FORMS}")
         return SqliteStore(path) if timeout is None else SqliteStore(path, busy_timeout=timeout)
-    if scheme in REDIS_SCHEMES:
+    if scheme in SCHEMES:
         return RedisStore(url) if timeout is None else RedisStore(url, connect_timeout=timeout, socket_timeout=timeout)
     shown = repr(scheme) if scheme else "(none)"
     raise ValueError(f"unsupported store URL scheme {shown}; accepted: {ACCEPTED_FORMS}")
