@@ -81,11 +81,8 @@ class Decisions:
                 continue
             old = raws[n + j] if LEGACY_FALLBACK else None
             decision = None if old is None else orjson.loads(old)
-            if decision is not None and adopt(handle, decision):
-                decision = await self.record(kind, handle, decision)
-            else:
-                decision = None
-            out.append(decision)
+            adopted = decision is not None and adopt(handle, decision)
+            out.append(await self.record(kind, handle, decision) if adopted else None)
         return out
 
     async def record(self, kind: str, handle: str, decision: Any) -> Any:
