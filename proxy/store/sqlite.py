@@ -320,9 +320,8 @@ class SqliteStore(SharedOpsMixin):
     async def read_log(self, key: str, start: int = 0, end: int = -1) -> list[bytes]:
         def read(conn: sqlite3.Connection, p: Params) -> list[bytes]:
             with _transaction(conn, "BEGIN"):  # count and slice from one snapshot
-                if sets.live_log_meta(conn, p, clear_expired=False) is None:
-                    return []
-                (n,) = conn.execute("SELECT COUNT(*) FROM log_items WHERE key = :key", p).fetchone()
+                (n,) = conn.execute("SELECT COUNT(*) FROM log_items WHERE key = :key AND EXISTS"
+                                    f" (SELECT 1 FROM log_meta WHERE key = :key AND {_LIVE})", p).fetchone()
                 lo, hi = _lrange_bounds(n, start, end)
                 if lo > hi:
                     return []

@@ -14,7 +14,6 @@ a NUL), a counter amount that is not an integer within 2**53.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
 
 import orjson
 
@@ -137,8 +136,11 @@ def append_rows(conn: sqlite3.Connection, entries: list[tuple[str, bytes]], max_
                 now: float) -> None:
     """The appends one statement at a time (what JSON cannot carry), inside the caller's transaction."""
     for key, value in entries:
-        q = {"key": key, "now": now}
-        seq, expires_at = live_log_meta(conn, q) or (0, None)
+        meta = conn.execute("SELECT next_seq, expires_at FROM log_meta WHERE key = ?", (key,)).fetchone()
+        if meta is not None and meta[1] is not None and meta[1] <= now:  # expired: the log starts again at seq 0
+            conn.execute("DELETE FROM log_items WHERE key = ?", (key,))
+            meta = None
+        seq, expires_at = meta or (0, None)
         if ttl is not None:
             expires_at = now + ttl
         conn.execute(
@@ -149,16 +151,3 @@ def append_rows(conn: sqlite3.Connection, entries: list[tuple[str, bytes]], max_
         conn.execute("INSERT INTO log_items (key, seq, value) VALUES (?, ?, ?)", (key, seq, bytes(value)))
         if max_len is not None:
             conn.execute("DELETE FROM log_items WHERE key = ? AND seq <= ?", (key, seq - max_len))
-
-
-def live_log_meta(conn: sqlite3.Connection, p: dict[str, Any],
-                  clear_expired: bool = True) -> tuple[int, float | None] | None:
-    """``(next_seq, expires_at)`` of a live log; an expired one is dropped when ``clear_expired``."""
-    row: tuple[int, float | None] | None = conn.execute(
-        "SELECT next_seq, expires_at FROM log_meta WHERE key = :key", p).fetchone()
-    if row is None or row[1] is None or row[1] > p["now"]:
-        return row
-    if clear_expired:
-        conn.execute("DELETE FROM log_items WHERE key = :key", p)
-        conn.execute("DELETE FROM log_meta WHERE key = :key", p)
-    return None
