@@ -227,10 +227,9 @@ class SqliteStore(SharedOpsMixin):
         def write(conn: sqlite3.Connection, p: Params) -> int:
             self._maybe_purge(conn, p["now"])
             with _transaction(conn, "BEGIN IMMEDIATE"):  # one writer at a time on the file: atomic across processes
-                old = conn.execute("SELECT grp, size FROM counted WHERE key = ?", (key,)).fetchone()
+                old = conn.execute("DELETE FROM counted WHERE key = ? RETURNING size, grp", (key,)).fetchone()
                 if old is not None:
-                    conn.execute("DELETE FROM counted WHERE key = ?", (key,))
-                    conn.execute("UPDATE counted_bytes SET bytes = bytes - ? WHERE grp = ?", (old[1], old[0]))
+                    conn.execute("UPDATE counted_bytes SET bytes = bytes - ? WHERE grp = ?", old)
                 conn.execute(_UPSERT_BLOB, {"key": key, "value": bytes(value), "now": p["now"], "ttl": ttl})
                 conn.execute("INSERT INTO counted (key, grp, size) VALUES (?, ?, ?)", (key, group, len(value)))
                 (used,) = conn.execute(
@@ -307,8 +306,7 @@ class SqliteStore(SharedOpsMixin):
             now = p["now"]
             self._maybe_purge(conn, now)
             with _transaction(conn, "BEGIN IMMEDIATE"):
-                if writes.amounts:
-                    sets.add_counters(conn, writes.amounts, _INCR)
+                sets.add_counters(conn, writes.amounts, _INCR)
                 sets.put_blobs(conn, records, ttl, now, False, _UPSERT_BLOB)
                 sets.put_blobs(conn, absent, ttl, now, True, _UPSERT_BLOB_IF_ABSENT)
                 for entries, max_len in logs:
