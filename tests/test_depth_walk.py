@@ -1,4 +1,4 @@
-"""jsonio.deeper_than, both of its walks, against the definition of depth; check_depth's byte-count shortcut.
+"""jsonio.deeper_than, both of its walks, against the definition of depth; body.loads_checked's byte-count shortcut.
 
 The depth guard decides which bodies are refused before orjson writes them (proxy/wire/jsonio.py SAFE_DEPTH):
 a wrong "no" would let a too-deep value reach a dump. The wide-level walk (C-level iterators, for a level of
@@ -64,7 +64,7 @@ def test_one_deep_branch_among_many_shallow_messages_is_found() -> None:
     assert not jsonio.deeper_than({"messages": messages}, wire_body.MAX_DEPTH)
 
 
-def test_check_depth_refuses_a_big_deep_body_it_no_longer_counts() -> None:
+def test_load_object_refuses_a_big_deep_body_it_no_longer_counts() -> None:
     """Over _COUNT_BELOW bytes the brackets are not counted: the walk alone decides, and still refuses."""
     deep: Any = "x"
     for _ in range(wire_body.MAX_DEPTH + 5):
@@ -74,9 +74,9 @@ def test_check_depth_refuses_a_big_deep_body_it_no_longer_counts() -> None:
     raw = orjson.dumps(value)
     assert len(raw) > wire_body._COUNT_BELOW
     with pytest.raises(BadRequest, match="nested deeper"):
-        wire_body.check_depth(value, raw)
+        wire_body.load_object(raw)
     shallow = {"messages": padding}
-    wire_body.check_depth(shallow, orjson.dumps(shallow))  # no error
+    wire_body.load_object(orjson.dumps(shallow))  # no error
 
 
 NUMBERS = ["18446744073709551615", "18446744073709551616", "-9223372036854775808", "-9223372036854775809",

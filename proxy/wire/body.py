@@ -31,38 +31,20 @@ def load_object(raw: bytes) -> dict[str, Any]:
 
 def loads_checked(raw: bytes) -> tuple[Any, bool]:
     """The body's value (integers beyond 64 bits kept exact; a 400 if it is not JSON) and whether it nests deeper
-    than MAX_DEPTH: a body under _COUNT_BELOW bytes by its brackets or a walk (check_depth's rule), a bigger
-    one by the one walk that also looks for big integers (jsonio.loads_checked)."""
+    than MAX_DEPTH: a body under _COUNT_BELOW bytes by its brackets or a walk, a bigger one by the one walk that
+    also looks for big integers (jsonio.loads_checked)."""
     try:
-        if _few_brackets(raw):
+        # a small document with no more `{` and `[` than MAX_DEPTH (counted in C, strings included) cannot nest
+        # deeper (each level opens with one), so its value need not be walked
+        if len(raw) <= _COUNT_BELOW and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH:
             return jsonio.loads(raw), False
         return jsonio.loads_checked(raw, MAX_DEPTH)
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
 
 
-def _few_brackets(raw: bytes) -> bool:
-    """A small document with no more `{` and `[` than MAX_DEPTH, counted in C, strings included: it cannot nest
-    deeper (each level opens with one), so its value need not be walked."""
-    return len(raw) <= _COUNT_BELOW and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH
-
-
 def too_deep_error() -> BadRequest:
     return BadRequest(f"request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json")
-
-
-def check_depth(body: Any, raw: bytes | None = None) -> None:
-    """A 400 for a body nested deeper than MAX_DEPTH, before anything writes it (a digest, a dump): orjson
-    cannot write such values back safely (proxy/wire/jsonio.py SAFE_DEPTH).
-
-    `raw`: the JSON it was parsed from. Each level of nesting opens with a `{` or a `[`, so a document with
-    no more of them than MAX_DEPTH (counted in C, strings included) cannot be deeper: a small body is not
-    walked. A big one is: counting its bytes (0.64 ms a megabyte) costs more than the walk, and a body that
-    size has more brackets than MAX_DEPTH anyway."""
-    if raw is not None and _few_brackets(raw):
-        return
-    if jsonio.deeper_than(body, MAX_DEPTH):
-        raise too_deep_error()
 
 
 def _pieces(part: Any) -> list[Any]:
@@ -84,4 +66,4 @@ def check_writable(part: Any) -> None:
         for piece in _pieces(part):
             jsonio.dumps(piece)
     except orjson.JSONEncodeError:
-        raise BadRequest(f"request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json") from None
+        raise too_deep_error() from None

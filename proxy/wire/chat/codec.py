@@ -46,10 +46,6 @@ class ChatCompletions(OpenAIBody):
     def set_items(self, body: Body, items: list[Item]) -> None:
         body["messages"] = items
 
-
-
-
-
     def tool_names(self, tools: list[Any]) -> list[str]:
         """Each tool's name: the function's, or a top-level one (custom tools); "None" where it has none."""
         return [str((t.get("function") or {}).get("name") or t.get("name")) for t in tools if isinstance(t, dict)]
@@ -136,7 +132,6 @@ class ChatCompletions(OpenAIBody):
             return None
         return text if isinstance(text, str) else ""
 
-
     def ask_for_usage(self, body: Body) -> bool:
         if body.get("stream") is not True:
             return False
@@ -154,7 +149,6 @@ class ChatCompletions(OpenAIBody):
     def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
                      hide_usage: bool) -> AsyncIterator[bytes]:
         return account_stream(chunks, on_usage, hide_usage)
-
 
     def stream_error(self, err: ProxyError, before: bytes) -> bytes:
         return b"data: " + err.body() + b"\n\n"

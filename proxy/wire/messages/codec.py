@@ -28,13 +28,7 @@ from proxy.wire.parts import first, joined, texts, with_text_at
 from proxy.wire.usage import Usage
 
 _UNMARKABLE = frozenset({"thinking", "redacted_thinking"})  # the API refuses cache_control on these
-
-
 _TEXT = frozenset({"text"})
-
-
-def _texts(content: Any) -> list[str]:
-    return texts(content, _TEXT)
 
 
 def mark(ttl: str | None) -> dict[str, Any]:
@@ -43,11 +37,6 @@ def mark(ttl: str | None) -> dict[str, Any]:
 
 def _marked(value: Any) -> bool:
     return isinstance(value, dict) and "cache_control" in value
-
-
-def system_text(body: Body) -> str:
-    """The system prompt's text (a string, or its text blocks joined)."""
-    return "\n".join(_texts(body.get("system")))
 
 
 class Messages(OpenAIBody):
@@ -200,7 +189,7 @@ class Messages(OpenAIBody):
     def reply_text(self, data: Any) -> str | None:
         if not isinstance(data, dict) or data.get("type") != "message" or not isinstance(data.get("content"), list):
             return None
-        return "\n".join(_texts(data["content"]))
+        return "\n".join(texts(data["content"], _TEXT))
 
     # ---- the provider's answer
     def ask_for_usage(self, body: Body) -> bool:
