@@ -74,13 +74,11 @@ class StreamCutShort(Exception):
     """The provider closed a stream before it finished (no finish_reason, no [DONE])."""
 
 
-async def account_stream(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
-                         hide_usage: bool) -> AsyncIterator[bytes]:
+def account_stream(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
+                   hide_usage: bool) -> AsyncIterator[bytes]:
     """Pass events through as they complete; report the usage chunk, and drop it if the client did not ask.
 
-    A stream that ends without a finish_reason, [DONE] or the provider's error chunk was cut: the caller gets
-    StreamCutShort after the last event, so the client is told instead of
-    mistaking a truncated answer for a whole one.
+    A stream ends with a finish_reason, [DONE] or the provider's error chunk.
     """
     finished = False
 
@@ -98,16 +96,16 @@ async def account_stream(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage
                 return not hide_usage
         return True
 
-    async for out in passed_events(chunks, keep):
-        yield out
-    if not finished:
-        raise StreamCutShort("the provider closed the stream before it finished")
+    return passed_events(chunks, keep, lambda: finished, "it finished")
 
 
-async def passed_events(chunks: AsyncIterator[bytes], keep: Callable[[bytes], bool]) -> AsyncIterator[bytes]:
+async def passed_events(chunks: AsyncIterator[bytes], keep: Callable[[bytes], bool], finished: Callable[[], bool],
+                        ends_with: str) -> AsyncIterator[bytes]:
     """The stream's events as they complete, each looked at once (`keep` False drops one); then any partial rest.
 
-    What every codec's stream watcher shares: it reads each whole event as it passes and forwards it.
+    What every codec's stream watcher shares: it reads each whole event as it passes and forwards it. A stream
+    not `finished` by then was cut: the caller gets StreamCutShort after the last event, so the client is told
+    instead of mistaking a truncated answer for a whole one.
     """
     buffer = bytearray()
     async for raw in chunks:
@@ -117,3 +115,5 @@ async def passed_events(chunks: AsyncIterator[bytes], keep: Callable[[bytes], bo
             yield b"".join(out)
     if buffer:
         yield bytes(buffer)
+    if not finished():
+        raise StreamCutShort(f"the provider closed the stream before {ends_with}")

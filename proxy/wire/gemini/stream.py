@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from proxy.wire.read_shape import provider_error
-from proxy.wire.sse import StreamCutShort, event_data, passed_events
+from proxy.wire.sse import event_data, passed_events
 from proxy.wire.usage import Usage, parse_usage
 
 
@@ -27,7 +27,7 @@ def finishes(data: Any) -> bool:
     return (isinstance(feedback, dict) and bool(feedback.get("blockReason"))) or provider_error(data) is not None
 
 
-async def watch(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None]) -> AsyncIterator[bytes]:
+def watch(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None]) -> AsyncIterator[bytes]:
     """Pass events through as they complete; report the usage of the latest chunk that says it."""
     finished = False
 
@@ -40,7 +40,4 @@ async def watch(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None])
             finished = finished or finishes(data)
         return True
 
-    async for out in passed_events(chunks, keep):
-        yield out
-    if not finished:
-        raise StreamCutShort("the provider closed the stream before a finishReason")
+    return passed_events(chunks, keep, lambda: finished, "a finishReason")

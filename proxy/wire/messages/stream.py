@@ -11,13 +11,13 @@ import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from proxy.wire.sse import StreamCutShort, event_data, passed_events
+from proxy.wire.sse import event_data, passed_events
 from proxy.wire.usage import Usage, parse_usage
 
 _LOOK = re.compile(rb'"usage"|message_stop|"error"')
 
 
-async def watch(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None]) -> AsyncIterator[bytes]:
+def watch(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None]) -> AsyncIterator[bytes]:
     """Pass events through as they complete; report the usage of message_start and message_delta combined."""
     finished = False
     usage: dict[str, Any] = {}
@@ -38,7 +38,4 @@ async def watch(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None])
                 on_usage(parsed)
         return True
 
-    async for out in passed_events(chunks, keep):
-        yield out
-    if not finished:
-        raise StreamCutShort("the provider closed the stream before message_stop")
+    return passed_events(chunks, keep, lambda: finished, "message_stop")

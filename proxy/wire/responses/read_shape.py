@@ -24,9 +24,9 @@ from typing import Any
 from proxy.wire import jsonio
 from proxy.wire.codec import Body, Item
 from proxy.wire.read_shape import Call, IllFormed, Reply, provider_error
+from proxy.wire.responses.stream import TERMINAL
 from proxy.wire.sse import named_event, plain_name
 
-_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
 _CALL_TYPES = frozenset({"function_call", "custom_tool_call"})
 
@@ -142,7 +142,7 @@ class ResponsesRound:
             return raw  # data the API does not define: the client's to judge
         if self.hidden and not plain_name(kind):
             raise IllFormed("an event type that is not a plain name")
-        if kind in _TERMINAL:
+        if kind in TERMINAL:
             self.terminal, self.terminal_raw, self.finished = data, raw, True
             return b""
         if self.hidden and kind in _OPENING:

@@ -17,7 +17,7 @@ from typing import Any
 
 from proxy.errors import ProxyError
 from proxy.wire import jsonio
-from proxy.wire.sse import StreamCutShort, event_data, passed_events
+from proxy.wire.sse import event_data, passed_events
 from proxy.wire.usage import Usage, parse_usage
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -25,7 +25,7 @@ _MAY_END = re.compile(rb'response\.(?:completed|incomplete|failed)|"error"')
 _SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d{1,18})')
 
 
-async def watch(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None]) -> AsyncIterator[bytes]:
+def watch(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None]) -> AsyncIterator[bytes]:
     """Pass events through as they complete; report the terminal event's usage; StreamCutShort if it never ended."""
     finished = False
 
@@ -44,10 +44,7 @@ async def watch(chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None])
                 finished = True
         return True
 
-    async for out in passed_events(chunks, keep):
-        yield out
-    if not finished:
-        raise StreamCutShort("the provider closed the stream before response.completed")
+    return passed_events(chunks, keep, lambda: finished, "response.completed")
 
 
 def stream_error(err: ProxyError, before: bytes) -> bytes:
