@@ -23,13 +23,16 @@ may nest deeper than orjson writes safely.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from proxy.errors import UpstreamUnreachable, anthropic_error_body
 from proxy.wire import jsonio
 from proxy.wire.values import Body, Item
+
+if TYPE_CHECKING:
+    from proxy.wire.codec import Codec
 
 _MESSAGE_MAX_CHARS = 2000  # of a provider's error message repeated in ours
 
@@ -90,6 +93,19 @@ def hidden_failure(status: int, content: bytes, content_type: str, why: str) -> 
     return HiddenRoundFailed(f"the provider's answer to the proxy's hidden context_read round was unusable "
                              f"(HTTP {status}, content-type {content_type[:100] or 'none'}: {why}); "
                              f"nothing of it was passed on", status=status)
+
+
+def loaded(content: bytes) -> Any:
+    """A non-streamed reply's JSON (integers of any size exact); IllFormed if it is not JSON."""
+    try:
+        return jsonio.loads(content)
+    except ValueError:
+        raise IllFormed("not JSON") from None
+
+
+def int_or_none(v: Any) -> int | None:
+    """An index the provider sent, if it is an integer (a bool is not)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def call_arguments(args: Any) -> str:
@@ -184,3 +200,20 @@ class ReadShape(Protocol):
         ...
 
     def stream_state(self) -> StreamState: ...
+
+
+class BaseShape:
+    """What the four APIs' shapes share: the read tool's name, the next request written by the codec as any
+    request is, the provider's error object as the error event; an API whose own differ overrides them."""
+
+    usage_field = "usage"
+
+    def __init__(self, codec: Codec, tool: str) -> None:
+        self.codec, self.tool = codec, tool
+
+    def continued(self, body: Body, items: list[Item], new: list[Item], reply: Reply) -> Body:
+        self.codec.set_items(body, items)
+        return self.codec.render(body)
+
+    def is_error_event(self, data: dict[str, Any]) -> bool:
+        return provider_error(data) is not None

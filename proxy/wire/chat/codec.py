@@ -144,7 +144,7 @@ class ChatCompletions(OpenAIBody):
     def read_shape(self, body: Body, tool: str) -> ChatReadShape | None:
         if body.get("n") not in (None, 1):  # several choices: no single answer to continue from
             return None
-        return ChatReadShape(tool)
+        return ChatReadShape(self, tool)
 
     def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
                      hide_usage: bool) -> AsyncIterator[bytes]:

@@ -20,17 +20,14 @@ import orjson
 
 from proxy.wire import jsonio
 from proxy.wire.chat.reply import completion, delta
-from proxy.wire.codec import Body, Item
-from proxy.wire.read_shape import Call, Reply, provider_error
+from proxy.wire.read_shape import BaseShape, Call, Reply
 from proxy.wire.sse import DONE, is_usage_chunk
 
 
-class ChatReadShape:
-    ends_with = "it finished"
-    usage_field = "usage"
+class ChatReadShape(BaseShape):
+    """Chat chunks carry no numbering across rounds: the shape is its own stream state, each round afresh."""
 
-    def __init__(self, tool: str) -> None:
-        self.tool = tool
+    ends_with = "it finished"
 
     def is_ours(self, call: dict[str, Any]) -> bool:
         return (call.get("function") or {}).get("name") == self.tool
@@ -62,25 +59,11 @@ class ChatReadShape:
         data: dict[str, Any] = c.data
         return data
 
-    def continued(self, body: Body, items: list[Item], new: list[Item], reply: Reply) -> Body:
-        body["messages"] = items
-        return body
-
-    def is_error_event(self, data: dict[str, Any]) -> bool:
-        return provider_error(data) is not None
-
-    def stream_state(self) -> ChatStreamState:
-        return ChatStreamState(self)
-
-
-class ChatStreamState:
-    """Chat chunks carry no numbering across rounds: each round starts afresh."""
-
-    def __init__(self, shape: ChatReadShape) -> None:
-        self.shape = shape
+    def stream_state(self) -> ChatReadShape:
+        return self
 
     def round(self, hidden: bool) -> ChatRound:
-        return ChatRound(self.shape, hidden)
+        return ChatRound(self, hidden)
 
 
 class ChatRound:

@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.wire import jsonio
-from proxy.wire.codec import Body, Codec, Item
-from proxy.wire.read_shape import Call, IllFormed, Reply, call_arguments, provider_error
+from proxy.wire.read_shape import BaseShape, Call, IllFormed, Reply, call_arguments, loaded
 
 
 def reply_parts(data: Any) -> list[Any] | None:
@@ -52,12 +51,11 @@ def _with_parts(data: dict[str, Any], parts: list[Any], *, finish: bool = True) 
     return {**data, "candidates": [candidate, *data["candidates"][1:]]}
 
 
-class GeminiReadShape:
+class GeminiReadShape(BaseShape):
+    """Gemini chunks carry no numbering across rounds: the shape is its own stream state, each round afresh."""
+
     ends_with = "a finishReason"
     usage_field = "usageMetadata"
-
-    def __init__(self, codec: Codec, tool: str) -> None:
-        self.codec, self.tool = codec, tool
 
     def is_ours(self, part: Any) -> bool:
         fc = part.get("functionCall") if isinstance(part, dict) else None
@@ -76,10 +74,7 @@ class GeminiReadShape:
         return Reply(data, ours, calls - len(ours), [{"role": "model", "parts": _merged(sent)}], usage)
 
     def reply(self, content: bytes) -> Reply:
-        try:
-            data = jsonio.loads(content)
-        except ValueError:
-            raise IllFormed("not JSON") from None
+        data = loaded(content)
         parts = reply_parts(data)
         if parts is None:
             raise IllFormed("not a GenerateContentResponse with a candidate")
@@ -89,25 +84,11 @@ class GeminiReadShape:
         parts = reply_parts(reply.data) or []
         return _with_parts(reply.data, [p for p in parts if not self.is_ours(p)])
 
-    def continued(self, body: Body, items: list[Item], new: list[Item], reply: Reply) -> Body:
-        self.codec.set_items(body, items)
-        return self.codec.render(body)
-
-    def is_error_event(self, data: dict[str, Any]) -> bool:
-        return provider_error(data) is not None
-
-    def stream_state(self) -> GeminiStream:
-        return GeminiStream(self)
-
-
-class GeminiStream:
-    """Gemini chunks carry no numbering across rounds: each round starts afresh."""
-
-    def __init__(self, shape: GeminiReadShape) -> None:
-        self.shape = shape
+    def stream_state(self) -> GeminiReadShape:
+        return self
 
     def round(self, hidden: bool) -> GeminiRound:
-        return GeminiRound(self.shape, hidden)
+        return GeminiRound(self, hidden)
 
 
 class GeminiRound:

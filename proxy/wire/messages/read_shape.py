@@ -21,21 +21,12 @@ from typing import Any
 import orjson
 
 from proxy.wire import jsonio
-from proxy.wire.codec import Body, Codec, Item
-from proxy.wire.read_shape import Call, IllFormed, Reply, call_arguments
+from proxy.wire.read_shape import BaseShape, Call, IllFormed, Reply, call_arguments, int_or_none, loaded
 from proxy.wire.sse import named_event, plain_name
 
 
-def _index(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-class MessagesReadShape:
+class MessagesReadShape(BaseShape):
     ends_with = "message_stop"
-    usage_field = "usage"
-
-    def __init__(self, codec: Codec, tool: str) -> None:
-        self.codec, self.tool = codec, tool
 
     def is_ours(self, block: Any) -> bool:
         """A call of the read tool the proxy can answer: one without a string id could not be (its tool_result
@@ -55,10 +46,7 @@ class MessagesReadShape:
         return Reply(data, ours, calls - len(ours), [{"role": "assistant", "content": sent}], usage)
 
     def reply(self, content: bytes) -> Reply:
-        try:
-            data = jsonio.loads(content)
-        except ValueError:
-            raise IllFormed("not JSON") from None
+        data = loaded(content)
         if not isinstance(data, dict) or data.get("type") != "message" or not isinstance(data.get("content"), list):
             raise IllFormed("not a message object")
         return self._reply(data, data["content"], data.get("usage"))
@@ -69,10 +57,6 @@ class MessagesReadShape:
         if reply.others == 0 and data.get("stop_reason") == "tool_use":
             data["stop_reason"] = "end_turn"
         return data
-
-    def continued(self, body: Body, items: list[Item], new: list[Item], reply: Reply) -> Body:
-        self.codec.set_items(body, items)
-        return self.codec.render(body)
 
     def is_error_event(self, data: dict[str, Any]) -> bool:
         return data.get("type") == "error"
@@ -156,7 +140,7 @@ class MessagesRound:
         if kind == "message_stop":
             self.stop, self.finished = raw, True
             return b""
-        idx = _index(data.get("index"))
+        idx = int_or_none(data.get("index"))
         if not kind.startswith("content_block_") or idx is None:
             return b"" if self.hidden and kind == "ping" else raw
         if kind == "content_block_start":
@@ -181,7 +165,7 @@ class MessagesRound:
     def _well_formed(self, kind: str, data: dict[str, Any]) -> bool:
         """A content block event whose parts have their documented types, of a block that was started (or starts
         one): in a hidden round nothing else is passed to the client."""
-        idx = _index(data.get("index"))
+        idx = int_or_none(data.get("index"))
         if idx is None:
             return False
         if kind == "content_block_start":

@@ -214,7 +214,7 @@ class Responses(OpenAIBody):
         return False  # a Responses stream always ends with response.completed, usage included
 
     def read_shape(self, body: Body, tool: str) -> ResponsesReadShape:
-        return ResponsesReadShape(tool)
+        return ResponsesReadShape(self, tool)
 
     def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
                      hide_usage: bool) -> AsyncIterator[bytes]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from proxy.wire import jsonio
 from proxy.wire.codec import Body, Item
-from proxy.wire.read_shape import Call, IllFormed, Reply, provider_error
+from proxy.wire.read_shape import BaseShape, Call, IllFormed, Reply, int_or_none, loaded, provider_error
 from proxy.wire.responses.stream import TERMINAL
 from proxy.wire.sse import named_event, plain_name
 
@@ -36,16 +36,8 @@ def _type(item: Any) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def _index(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-class ResponsesReadShape:
+class ResponsesReadShape(BaseShape):
     ends_with = "response.completed"
-    usage_field = "usage"
-
-    def __init__(self, tool: str) -> None:
-        self.tool = tool
 
     def is_ours(self, item: Any) -> bool:
         """A call of the read tool the proxy can answer (one without a string call_id could not be); a call in a
@@ -61,10 +53,7 @@ class ResponsesReadShape:
                 for it in items if self.is_ours(it)]
 
     def reply(self, content: bytes) -> Reply:
-        try:
-            data = jsonio.loads(content)
-        except ValueError:
-            raise IllFormed("not JSON") from None
+        data = loaded(content)
         if not isinstance(data, dict) or not isinstance(data.get("output"), list):
             raise IllFormed("not a response object")
         output = data["output"]
@@ -105,7 +94,7 @@ class ResponsesStream:
 
     def renumbered(self, ev: bytes, kind: str, data: dict[str, Any], index: int | None = None) -> bytes:
         """The event with the next sequence number (and the client's output index); its bytes if unchanged."""
-        seq, idx = data.get("sequence_number"), _index(data.get("output_index"))
+        seq, idx = data.get("sequence_number"), int_or_none(data.get("output_index"))
         new_idx = index if index is not None else idx
         has_seq = isinstance(seq, int) and not isinstance(seq, bool)
         changed = (has_seq and seq != self.seq) or new_idx != idx
@@ -147,7 +136,7 @@ class ResponsesRound:
             return b""
         if self.hidden and kind in _OPENING:
             return b""
-        idx = _index(data.get("output_index"))
+        idx = int_or_none(data.get("output_index"))
         if kind == "response.output_item.added" and idx is not None:
             item = self._item(data)
             if self.shape.is_ours(item):
