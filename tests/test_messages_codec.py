@@ -13,7 +13,7 @@ from proxy.errors import BadRequest
 from proxy.request import Conversation
 from proxy.upstream.windows import overflow_limit
 from proxy.wire.messages.codec import MESSAGES
-from proxy.wire.messages.items import ORIGINS
+from proxy.wire.turns import ORIGINS
 
 TOOLS = [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
 

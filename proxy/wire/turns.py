@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 Origins = dict[int, tuple[dict[str, Any], tuple[Any, ...]]]  # id(first item) -> (client turn, its items)
+ORIGINS = "\x00ctxproxy.origins"  # body key of the split turns' origins; never serialized
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,14 @@ class Turns:
             origins[id(parts[0])] = (m, tuple(parts))
             items.extend(parts)
         return items, origins
+
+    def leading_system(self, items: list[Any]) -> int:
+        """How many `system` items lead the list: a request the proxy makes (a summary) sends them as the API's
+        own system prompt field."""
+        lead = 0
+        while lead < len(items) and not self.is_block(items[lead]) and items[lead].get("role") == "system":
+            lead += 1
+        return lead
 
     def _blocks(self, item: Any) -> list[Any]:
         if self.is_block(item):

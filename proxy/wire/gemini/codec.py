@@ -30,10 +30,9 @@ from proxy.wire.gemini.read_shape import GeminiReadShape, reply_parts
 from proxy.wire.gemini.stream import watch
 from proxy.wire.gemini.validate import parse_body
 from proxy.wire.parts import first, joined, texts, with_text_at
-from proxy.wire.turns import Turns
+from proxy.wire.turns import ORIGINS, Turns
 from proxy.wire.usage import Usage, parse_usage
 
-ORIGINS = "\x00ctxproxy.origins"  # body key of the split turns' origins; never serialized
 GENERATE, STREAM, COUNT = "generateContent", "streamGenerateContent", "countTokens"
 
 
@@ -232,9 +231,7 @@ class Gemini:
     def request(self, model: str, items: list[Item], *, tools: list[Any] | None, extra: dict[str, Any],
                 max_output: int) -> Body:
         """Leading system items become the `systemInstruction` (a summarizer's prompt), as the API wants it."""
-        lead = 0
-        while lead < len(items) and not is_block(items[lead]) and items[lead].get("role") == "system":
-            lead += 1
+        lead = TURNS.leading_system(items)
         body: Body = {}
         if lead:
             body["systemInstruction"] = {"parts": [{"text": "\n\n".join(self.text(i) or "" for i in items[:lead])}]}

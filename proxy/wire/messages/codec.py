@@ -1,6 +1,6 @@
 """The Anthropic Messages codec: `messages` turns split into items, tools with `input_schema`, usage with cache reads.
 
-Items (proxy/wire/messages/items.py): an assistant turn is one item carrying
+Items (proxy/wire/turns.py): an assistant turn is one item carrying
 its `tool_use` blocks as calls; a user turn is one item, or, when it holds
 `tool_result` blocks, one item per result and one per run of its other blocks.
 The transforms look into text blocks, `tool_use` and `tool_result` only.
@@ -19,16 +19,24 @@ from proxy.errors import ProxyError
 from proxy.wire import jsonio
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, ToolCall, ToolSpec, mark_ttl
 from proxy.wire.dialects import ANTHROPIC, Dialect
-from proxy.wire.messages.items import ORIGINS, is_block, join, split
 from proxy.wire.messages.read_shape import MessagesReadShape
 from proxy.wire.messages.stream import watch
 from proxy.wire.messages.validate import parse_body
 from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.parts import first, joined, texts, with_text_at
+from proxy.wire.turns import ORIGINS, Turns
 from proxy.wire.usage import Usage
 
 _UNMARKABLE = frozenset({"thinking", "redacted_thinking"})  # the API refuses cache_control on these
 _TEXT = frozenset({"text"})
+
+
+def is_block(item: Any) -> bool:
+    """A tool_result block lifted out of its user turn (messages have a role; blocks have none)."""
+    return isinstance(item, dict) and "role" not in item
+
+
+TURNS = Turns("content", "assistant", lambda b: isinstance(b, dict) and b.get("type") == "tool_result", is_block)
 
 
 def mark(ttl: str | None) -> dict[str, Any]:
@@ -52,7 +60,7 @@ class Messages(OpenAIBody):
 
     def parse_as(self, raw: bytes, *, need_max_tokens: bool) -> Body:
         body = parse_body(raw, need_max_tokens=need_max_tokens)
-        body["messages"], body[ORIGINS] = split(body["messages"])
+        body["messages"], body[ORIGINS] = TURNS.split(body["messages"])
         return body
 
     def check_items(self, body: Body, start: int) -> None:
@@ -67,7 +75,7 @@ class Messages(OpenAIBody):
 
     def render(self, body: Body) -> Body:
         out = {k: v for k, v in body.items() if k != ORIGINS}
-        out["messages"] = join(body["messages"], body.get(ORIGINS) or {})
+        out["messages"] = TURNS.join(body["messages"], body.get(ORIGINS) or {})
         return out
 
     def tool_names(self, tools: list[Any]) -> list[str]:
@@ -143,7 +151,7 @@ class Messages(OpenAIBody):
         return is_block(item) and item.get("is_error") is True
 
     def message(self, role: Literal["system", "developer", "user"], text: str) -> Item:
-        """A user turn's text block; a system one joins the user turn it sits in (proxy/wire/messages/items.py)."""
+        """A user turn's text block; a system one joins the user turn it sits in (proxy/wire/turns.py)."""
         return {"role": "user" if role == "user" else "system", "content": [{"type": "text", "text": text}]}
 
     def result(self, call_id: str | None, text: str, name: str | None = None) -> Item:
@@ -153,14 +161,12 @@ class Messages(OpenAIBody):
     def request(self, model: str, items: list[Item], *, tools: list[Any] | None, extra: dict[str, Any],
                 max_output: int) -> Body:
         """Leading system items become the top-level `system` (a summarizer's prompt), as the API wants it."""
-        lead = 0
-        while lead < len(items) and not is_block(items[lead]) and items[lead].get("role") == "system":
-            lead += 1
+        lead = TURNS.leading_system(items)
         body: Body = {"model": model, "max_tokens": max_output}
         if lead:
             body["system"] = "\n\n".join(self.text(i) or "" for i in items[:lead])
         body.update({k: v for k, v in extra.items() if k != "system" or not lead})
-        body["messages"] = join(items[lead:], {})
+        body["messages"] = TURNS.join(items[lead:], {})
         if tools:
             body["tools"] = tools
         thinking = body.get("thinking")
