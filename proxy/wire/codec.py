@@ -239,6 +239,47 @@ class Codec(Protocol):
         ...
 
 
+class CodecBase:
+    """The answers of an API that has none of what is asked (no history held elsewhere, no breakpoints, ...):
+    each codec states only where its API differs."""
+
+    def check_items(self, body: Body, start: int) -> None:
+        return None  # parse checked every item (Messages' tool pairing spans turns: it is checked whole)
+
+    def history_elsewhere(self, body: Body) -> bool:
+        return False
+
+    def client_compacts(self, body: Body) -> bool:
+        return False
+
+    def prefix_fields(self, body: Body) -> dict[str, Any]:
+        return {}  # Chat: the system prompt is a message
+
+    def summary_fields(self, body: Body) -> dict[str, Any]:
+        return self.prefix_fields(body)
+
+    def result_name(self, item: Item) -> str | None:
+        return None
+
+    def ask_for_usage(self, body: Body) -> bool:
+        return False  # the stream reports it unasked (Responses' terminal event, Messages' message_start and
+        # message_delta, every Gemini chunk); Chat's must be asked
+
+    # ---- prompt-cache breakpoints: none (the Responses API caches by prefix and prompt_cache_key, Gemini's by
+    # prefix: neither takes markers)
+    def fixed_marks(self, body: Body) -> list[int]:
+        return []
+
+    def marks(self, item: Item) -> list[int]:
+        return []
+
+    def has_breakpoint(self, item: Item) -> bool:
+        return False
+
+    def with_breakpoint(self, item: Item, style: BreakpointStyle, ttl: str | None = None) -> Item | None:
+        return None
+
+
 def add_call_names(wire: Codec, names: dict[str | None, str], item: Item) -> None:
     """Fold one item's tool calls into an id → tool name map."""
     for call in wire.calls(item):

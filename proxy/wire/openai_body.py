@@ -12,12 +12,12 @@ from typing import Any, ClassVar, Self
 import orjson
 
 from proxy.errors import ProxyError
-from proxy.wire.codec import Body
+from proxy.wire.codec import Body, CodecBase
 from proxy.wire.dialects import OPENAI, Dialect
 from proxy.wire.usage import Usage, usage_of_body
 
 
-class OpenAIBody:
+class OpenAIBody(CodecBase):
     dialect: ClassVar[Dialect] = OPENAI
     routing_fields: ClassVar[bool] = True
     reads_cache_at_breakpoints: ClassVar[bool] = False
@@ -35,18 +35,6 @@ class OpenAIBody:
 
     def error_body(self, err: ProxyError) -> bytes:
         return err.body()
-
-    def prefix_fields(self, body: Body) -> dict[str, Any]:
-        return {}  # chat: the system prompt is a message
-
-    def summary_fields(self, body: Body) -> dict[str, Any]:
-        return self.prefix_fields(body)
-
-    def fixed_marks(self, body: Body) -> list[int]:
-        return []
-
-    def client_compacts(self, body: Body) -> bool:
-        return False  # Responses' compaction_trigger, Claude Code's summary request: their codecs say
 
     def model(self, body: Body) -> str | None:
         model = body.get("model")

@@ -54,9 +54,6 @@ class ChatCompletions(OpenAIBody):
         return {"type": "function", "function": {"name": spec.name, "description": spec.description,
                                                  "parameters": spec.parameters}}
 
-    def history_elsewhere(self, body: Body) -> bool:
-        return False
-
     def session_hint(self, body: Body) -> str | None:
         """opencode sends its session id as prompt_cache_key (OpenAI's cache routing key, one per conversation)."""
         value = body.get("prompt_cache_key")

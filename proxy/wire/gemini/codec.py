@@ -24,7 +24,7 @@ import orjson
 
 from proxy.errors import ProxyError
 from proxy.wire import jsonio
-from proxy.wire.codec import Body, BreakpointStyle, Item, Role, ToolCall, ToolSpec
+from proxy.wire.codec import Body, CodecBase, Item, Role, ToolCall, ToolSpec
 from proxy.wire.dialects import GOOGLE, Dialect
 from proxy.wire.gemini.read_shape import GeminiReadShape, reply_parts
 from proxy.wire.gemini.stream import watch
@@ -63,7 +63,7 @@ def _result_text(item: Item) -> str:
     return jsonio.dumps(response).decode() if response is not None else ""
 
 
-class Gemini:
+class Gemini(CodecBase):
     api: ClassVar[str] = "gemini"
     calls_grouped: ClassVar[bool] = True
     dialect: ClassVar[Dialect] = GOOGLE
@@ -91,9 +91,6 @@ class Gemini:
         request = self._request(body)
         request["contents"], body[ORIGINS] = TURNS.split(request["contents"])
         return body
-
-    def check_items(self, body: Body, start: int) -> None:
-        return None  # parse checked every turn
 
     def items(self, body: Body) -> list[Item]:
         items: list[Item] = self._request(body)["contents"]
@@ -152,12 +149,6 @@ class Gemini:
     def tool_definition(self, spec: ToolSpec) -> Any:
         return {"functionDeclarations": [{"name": spec.name, "description": spec.description,
                                           "parametersJsonSchema": spec.parameters}]}
-
-    def history_elsewhere(self, body: Body) -> bool:
-        return False
-
-    def client_compacts(self, body: Body) -> bool:
-        return False
 
     def session_hint(self, body: Body) -> str | None:
         return None
@@ -248,9 +239,6 @@ class Gemini:
         si = self._request(body).get("systemInstruction")
         return {"systemInstruction": si} if si is not None else {}
 
-    def summary_fields(self, body: Body) -> dict[str, Any]:
-        return self.prefix_fields(body)
-
     def reply_text(self, data: Any) -> str | None:
         parts = reply_parts(data)
         return None if parts is None else "\n".join(texts(parts, None))
@@ -260,9 +248,6 @@ class Gemini:
         return usage if isinstance(usage, dict) else {}
 
     # ---- the provider's answer
-    def ask_for_usage(self, body: Body) -> bool:
-        return False  # every chunk of a stream reports usage
-
     def read_shape(self, body: Body, tool: str) -> GeminiReadShape:
         return GeminiReadShape(self, tool)
 
@@ -281,19 +266,6 @@ class Gemini:
 
     def stream_error(self, err: ProxyError, before: bytes) -> bytes:
         return b"data: " + err.google_body() + b"\n\n"
-
-    # ---- prompt-cache breakpoints: none (the provider caches prefixes by itself)
-    def fixed_marks(self, body: Body) -> list[int]:
-        return []
-
-    def marks(self, item: Item) -> list[int]:
-        return []
-
-    def has_breakpoint(self, item: Item) -> bool:
-        return False
-
-    def with_breakpoint(self, item: Item, style: BreakpointStyle, ttl: str | None = None) -> Item | None:
-        return None
 
 
 @functools.lru_cache(maxsize=256)  # a handful of models per deployment: one codec each, as the other APIs have

@@ -63,9 +63,6 @@ class Messages(OpenAIBody):
         body["messages"], body[ORIGINS] = TURNS.split(body["messages"])
         return body
 
-    def check_items(self, body: Body, start: int) -> None:
-        return None  # parse checked every turn: pairing spans turns, so it is checked whole
-
     def items(self, body: Body) -> list[Item]:
         items: list[Item] = body["messages"]
         return items
@@ -83,9 +80,6 @@ class Messages(OpenAIBody):
 
     def tool_definition(self, spec: ToolSpec) -> Any:
         return {"name": spec.name, "description": spec.description, "input_schema": spec.parameters}
-
-    def history_elsewhere(self, body: Body) -> bool:
-        return False
 
     def client_compacts(self, body: Body) -> bool:
         """Claude Code's own compaction: its history, then a user message asking for a summary that ends with its
@@ -144,9 +138,6 @@ class Messages(OpenAIBody):
         tid = item.get("tool_use_id")
         return tid if isinstance(tid, str) else None
 
-    def result_name(self, item: Item) -> str | None:
-        return None
-
     def is_error(self, item: Item) -> bool:
         return is_block(item) and item.get("is_error") is True
 
@@ -198,9 +189,6 @@ class Messages(OpenAIBody):
         return "\n".join(texts(data["content"], _TEXT))
 
     # ---- the provider's answer
-    def ask_for_usage(self, body: Body) -> bool:
-        return False  # a Messages stream always reports usage (message_start, message_delta)
-
     def read_shape(self, body: Body, tool: str) -> MessagesReadShape:
         return MessagesReadShape(self, tool)
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Literal
 
 from proxy.errors import ProxyError
-from proxy.wire.codec import Body, BreakpointStyle, Item, Role, ToolCall, ToolSpec
+from proxy.wire.codec import Body, Item, Role, ToolCall, ToolSpec
 from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.parts import first, joined, texts, with_text_at
 from proxy.wire.responses.read_shape import ResponsesReadShape
@@ -168,9 +168,6 @@ class Responses(OpenAIBody):
         cid = item.get("call_id")
         return cid if isinstance(cid, str) else None
 
-    def result_name(self, item: Item) -> str | None:
-        return None
-
     def is_error(self, item: Item) -> bool:
         return False
 
@@ -209,10 +206,6 @@ class Responses(OpenAIBody):
                  for t in _texts(item.get("content"))]
         return "\n".join(texts)
 
-
-    def ask_for_usage(self, body: Body) -> bool:
-        return False  # a Responses stream always ends with response.completed, usage included
-
     def read_shape(self, body: Body, tool: str) -> ResponsesReadShape:
         return ResponsesReadShape(self, tool)
 
@@ -222,15 +215,6 @@ class Responses(OpenAIBody):
 
     def stream_error(self, err: ProxyError, before: bytes) -> bytes:
         return stream_error(err, before)
-
-    def marks(self, item: Item) -> list[int]:
-        return []
-
-    def has_breakpoint(self, item: Item) -> bool:
-        return False
-
-    def with_breakpoint(self, item: Item, style: BreakpointStyle, ttl: str | None = None) -> Item | None:
-        return None  # the Responses API caches by prefix and prompt_cache_key; it takes no markers
 
 
 RESPONSES = Responses()
