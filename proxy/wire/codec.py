@@ -261,6 +261,12 @@ class CodecBase:
     def result_name(self, item: Item) -> str | None:
         return None
 
+    def error_body(self, err: ProxyError) -> bytes:
+        return err.body()  # OpenAI's error shape
+
+    def stream_error(self, err: ProxyError, before: bytes) -> bytes:
+        return b"data: " + self.error_body(err) + b"\n\n"  # one more data event (Chat, Gemini)
+
     def ask_for_usage(self, body: Body) -> bool:
         return False  # the stream reports it unasked (Responses' terminal event, Messages' message_start and
         # message_delta, every Gemini chunk); Chat's must be asked

@@ -11,10 +11,9 @@ from typing import Any, ClassVar, Self
 
 import orjson
 
-from proxy.errors import ProxyError
 from proxy.wire.codec import Body, CodecBase
 from proxy.wire.dialects import OPENAI, Dialect
-from proxy.wire.usage import Usage, usage_of_body
+from proxy.wire.usage import Usage, parse_usage
 
 
 class OpenAIBody(CodecBase):
@@ -32,9 +31,6 @@ class OpenAIBody(CodecBase):
 
     def render(self, body: Body) -> Body:
         return body  # the items are the API's own list
-
-    def error_body(self, err: ProxyError) -> bytes:
-        return err.body()
 
     def model(self, body: Body) -> str | None:
         model = body.get("model")
@@ -56,6 +52,7 @@ class OpenAIBody(CodecBase):
 
     def usage_of_reply(self, content: bytes) -> Usage | None:
         try:
-            return usage_of_body(orjson.loads(content))
+            data = orjson.loads(content)
         except orjson.JSONDecodeError:
             return None
+        return parse_usage(data.get("usage")) if isinstance(data, dict) else None

@@ -72,19 +72,21 @@ def provider_error(data: Any) -> dict[str, Any] | None:
     return None
 
 
-def is_error_body(content: bytes) -> bool:
+def _error_of(content: bytes) -> dict[str, Any] | None:
     try:
-        return provider_error(orjson.loads(content)) is not None
+        return provider_error(orjson.loads(content))
     except orjson.JSONDecodeError:
-        return False
+        return None
+
+
+def is_error_body(content: bytes) -> bool:
+    """Whether an error status came with the provider's error object (a hidden round's is then passed on)."""
+    return _error_of(content) is not None
 
 
 def hidden_failure(status: int, content: bytes, content_type: str, why: str) -> HiddenRoundFailed:
     """The error for an unusable answer to a hidden round: the provider's message if it sent one, else ours."""
-    try:
-        err = provider_error(orjson.loads(content))
-    except orjson.JSONDecodeError:
-        err = None
+    err = _error_of(content)
     if err is not None:
         def text(k: str) -> str | None:
             return err[k] if isinstance(err.get(k), str) else None

@@ -92,7 +92,3 @@ def summed(usages: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def usage_of_body(data: Any) -> Usage | None:
-    return parse_usage(data.get("usage")) if isinstance(data, dict) else None

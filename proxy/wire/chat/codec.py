@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Literal
 
-from proxy.errors import ProxyError
 from proxy.wire.chat.read_shape import ChatReadShape
 from proxy.wire.chat.validate import check_messages, parse_body
 from proxy.wire.codec import Body, BreakpointStyle, Item, Role, ToolCall, ToolSpec, mark_ttl
@@ -146,9 +145,6 @@ class ChatCompletions(OpenAIBody):
     def watch_stream(self, chunks: AsyncIterator[bytes], on_usage: Callable[[Usage], None],
                      hide_usage: bool) -> AsyncIterator[bytes]:
         return account_stream(chunks, on_usage, hide_usage)
-
-    def stream_error(self, err: ProxyError, before: bytes) -> bytes:
-        return b"data: " + err.body() + b"\n\n"
 
     def marks(self, item: Item) -> list[int]:
         content = item.get("content")

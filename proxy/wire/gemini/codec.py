@@ -264,9 +264,6 @@ class Gemini(CodecBase):
     def error_body(self, err: ProxyError) -> bytes:
         return err.google_body()
 
-    def stream_error(self, err: ProxyError, before: bytes) -> bytes:
-        return b"data: " + err.google_body() + b"\n\n"
-
 
 @functools.lru_cache(maxsize=256)  # a handful of models per deployment: one codec each, as the other APIs have
 def _bound(method: str, model: str) -> Gemini:

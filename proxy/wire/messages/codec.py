@@ -24,6 +24,7 @@ from proxy.wire.messages.stream import watch
 from proxy.wire.messages.validate import parse_body
 from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.parts import first, joined, texts, with_text_at
+from proxy.wire.sse import named_event
 from proxy.wire.turns import ORIGINS, Turns
 from proxy.wire.usage import Usage
 
@@ -200,7 +201,7 @@ class Messages(OpenAIBody):
         return err.anthropic_body()
 
     def stream_error(self, err: ProxyError, before: bytes) -> bytes:
-        return b"event: error\ndata: " + err.anthropic_body() + b"\n\n"
+        return named_event("error", err.anthropic_body())
 
     # ---- prompt-cache breakpoints
     def fixed_marks(self, body: Body) -> list[int]:

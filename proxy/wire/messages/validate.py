@@ -43,13 +43,11 @@ def parse_body(raw: bytes, *, need_max_tokens: bool = True) -> dict[str, Any]:
         for i, tool in enumerate(tools):
             if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
                 raise BadRequest(f"tools.{i}.name: Field required", param=f"tools.{i}.name")
-    _check_messages(body.get("messages", None) if "messages" in body else _missing())
+    if "messages" not in body:
+        raise BadRequest("messages: Field required", param="messages")
+    _check_messages(body["messages"])
     check_writable(body)
     return body
-
-
-def _missing() -> Any:
-    raise BadRequest("messages: Field required", param="messages")
 
 
 def _check_messages(messages: Any) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from proxy.errors import ProxyError
 from proxy.wire import jsonio
-from proxy.wire.sse import event_data, passed_events
+from proxy.wire.sse import event_data, named_event, passed_events
 from proxy.wire.usage import Usage, parse_usage
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -52,4 +52,4 @@ def stream_error(err: ProxyError, before: bytes) -> bytes:
     numbers = _SEQUENCE.findall(before)
     data: dict[str, Any] = {"type": "error", "code": err.code, "message": err.message, "param": err.param,
                             "sequence_number": int(numbers[-1]) + 1 if numbers else 0}
-    return b"event: error\ndata: " + jsonio.dumps(data) + b"\n\n"
+    return named_event("error", jsonio.dumps(data))
