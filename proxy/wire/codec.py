@@ -18,16 +18,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, Self
 
+import orjson
+
+from proxy.wire.dialects import OPENAI, Dialect
+from proxy.wire.usage import Usage, parse_usage
 from proxy.wire.values import Body as Body
 from proxy.wire.values import Item as Item
 
 if TYPE_CHECKING:
     from proxy.errors import ProxyError
-    from proxy.wire.dialects import Dialect
     from proxy.wire.read_shape import ReadShape
-    from proxy.wire.usage import Usage
 
 Role = Literal["system", "user", "assistant", "tool", "other"]
 BreakpointStyle = Literal["anthropic", "openai"]
@@ -240,8 +242,51 @@ class Codec(Protocol):
 
 
 class CodecBase:
-    """The answers of an API that has none of what is asked (no history held elsewhere, no breakpoints, ...):
-    each codec states only where its API differs."""
+    """What the APIs spell alike, written once: each codec states only where its API differs.
+
+    The defaults are OpenAI's, which Chat Completions and Responses share (so the two cannot drift apart): model,
+    stream and tools top-level, usage in `usage`, a fixed path; and the answers of an API that has none of what
+    is asked (no history held elsewhere, no breakpoints, ...).
+    """
+
+    dialect: ClassVar[Dialect] = OPENAI
+    routing_fields: ClassVar[bool] = True
+    reads_cache_at_breakpoints: ClassVar[bool] = False
+    path: ClassVar[str]  # its endpoint below the upstream's base URL, e.g. "chat/completions"
+
+    def at(self, params: Mapping[str, str]) -> Self:
+        return self  # nothing of the request is in its path
+
+    def upstream_path(self, model: str | None, stream: bool) -> str:
+        return self.path
+
+    def render(self, body: Body) -> Body:
+        return body  # the items are the API's own list
+
+    def model(self, body: Body) -> str | None:
+        model = body.get("model")
+        return model if isinstance(model, str) else None
+
+    def is_stream(self, body: Body) -> bool:
+        return body.get("stream") is True
+
+    def tools(self, body: Body) -> list[Any] | None:
+        tools = body.get("tools")
+        return tools if isinstance(tools, list) else None
+
+    def set_tools(self, body: Body, tools: list[Any]) -> None:
+        body["tools"] = tools
+
+    def raw_usage(self, data: Any) -> dict[str, Any]:
+        usage = data.get("usage") if isinstance(data, dict) else None
+        return usage if isinstance(usage, dict) else {}
+
+    def usage_of_reply(self, content: bytes) -> Usage | None:
+        try:
+            data = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            return None
+        return parse_usage(data.get("usage")) if isinstance(data, dict) else None
 
     def check_items(self, body: Body, start: int) -> None:
         return None  # parse checked every item (Messages' tool pairing spans turns: it is checked whole)

@@ -14,8 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from proxy.wire.chat.read_shape import ChatReadShape
 from proxy.wire.chat.validate import check_messages, parse_body
-from proxy.wire.codec import Body, BreakpointStyle, Item, Role, ToolCall, ToolSpec, mark_ttl
-from proxy.wire.openai_body import OpenAIBody
+from proxy.wire.codec import Body, BreakpointStyle, CodecBase, Item, Role, ToolCall, ToolSpec, mark_ttl
 from proxy.wire.parts import first, joined, with_text_at
 from proxy.wire.sse import account_stream
 from proxy.wire.usage import Usage
@@ -27,7 +26,7 @@ OPENAI_BREAKPOINT = {"type": "prompt_cache_breakpoint"}
 _OUTPUT_KEYS = ("max_completion_tokens", "max_tokens")
 
 
-class ChatCompletions(OpenAIBody):
+class ChatCompletions(CodecBase):
     api: ClassVar[str] = "chat.completions"
     path: ClassVar[str] = "chat/completions"
     calls_grouped: ClassVar[bool] = True

@@ -17,12 +17,11 @@ from typing import Any, ClassVar, Literal
 
 from proxy.errors import ProxyError
 from proxy.wire import jsonio
-from proxy.wire.codec import Body, BreakpointStyle, Item, Role, ToolCall, ToolSpec, mark_ttl
+from proxy.wire.codec import Body, BreakpointStyle, CodecBase, Item, Role, ToolCall, ToolSpec, mark_ttl
 from proxy.wire.dialects import ANTHROPIC, Dialect
 from proxy.wire.messages.read_shape import MessagesReadShape
 from proxy.wire.messages.stream import watch
 from proxy.wire.messages.validate import parse_body
-from proxy.wire.openai_body import OpenAIBody
 from proxy.wire.parts import first, joined, texts, with_text_at
 from proxy.wire.sse import named_event
 from proxy.wire.turns import ORIGINS, Turns
@@ -48,7 +47,7 @@ def _marked(value: Any) -> bool:
     return isinstance(value, dict) and "cache_control" in value
 
 
-class Messages(OpenAIBody):
+class Messages(CodecBase):
     api: ClassVar[str] = "messages"
     path: ClassVar[str] = "messages"
     calls_grouped: ClassVar[bool] = True

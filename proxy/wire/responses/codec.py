@@ -19,8 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Literal
 
 from proxy.errors import ProxyError
-from proxy.wire.codec import Body, Item, Role, ToolCall, ToolSpec
-from proxy.wire.openai_body import OpenAIBody
+from proxy.wire.codec import Body, CodecBase, Item, Role, ToolCall, ToolSpec
 from proxy.wire.parts import first, joined, texts, with_text_at
 from proxy.wire.responses.read_shape import ResponsesReadShape
 from proxy.wire.responses.stream import stream_error, watch
@@ -57,7 +56,7 @@ def _text_field(item: Item) -> str | None:
     return None
 
 
-class Responses(OpenAIBody):
+class Responses(CodecBase):
     api: ClassVar[str] = "responses"
     path: ClassVar[str] = "responses"
     calls_grouped: ClassVar[bool] = False
