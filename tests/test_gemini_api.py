@@ -5,14 +5,14 @@ What a Gemini CLI user meets: a session of big shell outputs that dies at a 32k 
 (tests/test_mock_gemini.py has that baseline) finishes through the proxy; the proxy's read tool is answered in
 hidden rounds, streamed and not; the key in `?key=` makes a tenant and is never printed; errors come in Google's
 shape; the window is learned from Google's over-window wording; the same history is sent as the same bytes.
+The faults every API shares (provider errors, dropped sockets, cut streams, malformed bodies, unknown routes) are in
+tests/test_faults.py, Gemini one of its APIs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,6 @@ from agent_runs import GEMINI_MODEL, run_gemini
 from google import genai
 from google.genai import types
 from mock_upstream import MockUpstream
-from test_faults import RawUpstream, close_at_once
-from test_messages_faults import sse_then
 from test_mock_gemini import require_gemini
 
 MODEL = "gemini-2.5-pro"
@@ -172,17 +170,6 @@ def test_the_key_in_the_query_makes_the_tenant_and_is_never_printed(gproxy: Any,
     assert secret not in caplog.text and secret not in sessions
 
 
-def test_errors_come_in_googles_shape(gproxy: Any, upstream: MockUpstream) -> None:
-    r = post(gproxy, "generateContent", {"contents": [{"role": "user", "parts": "hi"}]})
-    assert r.status_code == 400
-    assert r.json()["error"]["status"] == "INVALID_ARGUMENT" and r.json()["error"]["code"] == 400
-    r = gproxy.post("/r/nowhere/v1beta/models/x:generateContent", json=body("short"))
-    assert r.status_code == 404 and r.json()["error"]["status"] == "NOT_FOUND"
-    upstream.fail_next(503, {"error": {"code": 503, "message": "The model is overloaded.", "status": "UNAVAILABLE"}})
-    r = post(gproxy, "generateContent", body("short"))
-    assert r.status_code == 503 and r.json()["error"]["message"] == "The model is overloaded."
-
-
 def test_the_window_is_learned_from_googles_wording(gproxy: Any, upstream: MockUpstream) -> None:
     upstream.windows[MODEL] = 6000
     talk = [{"role": role, "parts": [{"text": f"turn {i}: " + "a few words of the conversation " * 60}]}
@@ -226,58 +213,6 @@ def test_gemini_cli_through_the_proxy_finishes_where_it_died(upstream: MockUpstr
     assert tool_names(last)[-1] == "context_read" and HANDLE.search(json.dumps(last))
     totals = p.get("/ctx/v1/stats").json()["totals"]["all"]
     assert totals["offloads"] + totals["compactions"] >= calls - 1, totals
-
-
-# --------------------------------------------------------------------------- faults, as the other APIs' suites
-
-CHUNK = b'data: {"candidates": [{"content": {"parts": [{"text": "Hello"}],"role": "model"},"index": 0}]}\r\n\r\n'
-
-
-@pytest.fixture
-def broken(make_proxy: Any, upstream: MockUpstream) -> Iterator[Callable[[Callable[[Any], None]], Any]]:
-    """`broken(behave)`: a proxy whose route `broken` goes to a raw socket speaking (or failing to speak) the
-    Gemini API (tests/test_faults.py RawUpstream)."""
-    with contextlib.ExitStack() as stack:
-        def make(behave: Callable[[Any], None]) -> Any:
-            raw = stack.enter_context(RawUpstream(behave))
-            return make_proxy(upstream_url=root(upstream) + "/v1beta", upstream={"api": "google"},
-                              routes=[{"name": "broken", "upstream": {"base_url": raw.base_url, "read_timeout": 30}}])
-        yield make
-
-
-def google_error(r: httpx.Response, status: int) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    err: dict[str, Any] = r.json()["error"]
-    assert set(err) == {"code", "message", "status"} and err["code"] == status
-    return err
-
-
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_provider_dropping_the_connection_is_a_google_502(broken: Any, stream: bool) -> None:
-    p = broken(close_at_once)
-    method, query = ("streamGenerateContent", "?alt=sse") if stream else ("generateContent", "")
-    r = p.post(f"/r/broken/v1beta/models/{MODEL}:{method}{query}", json=body("short"),
-               headers={"x-goog-api-key": KEY, "x-ctx-route": "broken"})
-    assert google_error(r, 502)["status"] == "UNAVAILABLE"
-
-
-@pytest.mark.parametrize("how", ["reset", "end"])
-def test_a_stream_cut_mid_way_ends_with_one_google_error_event(broken: Any, how: str) -> None:
-    p = broken(lambda conn: sse_then(conn, CHUNK * 2, how))
-    r = p.post(f"/r/broken/v1beta/models/{MODEL}:streamGenerateContent?alt=sse", json=body("short"),
-               headers={"x-goog-api-key": KEY})
-    events = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")]
-    texts = [e["candidates"][0]["content"]["parts"][0]["text"] for e in events[:-1]]
-    assert texts == ["Hello", "Hello"][:len(texts)] and texts  # a reset may take the last bytes with it
-    assert events[-1]["error"]["code"] == 502 and events[-1]["error"]["status"] == "UNAVAILABLE"
-
-
-def test_a_body_nested_too_deep_is_a_google_400(gproxy: Any, upstream: MockUpstream) -> None:
-    deep: Any = "x"
-    for _ in range(300):
-        deep = {"a": deep}
-    r = post(gproxy, "generateContent", {**body("short"), "generationConfig": deep})
-    assert google_error(r, 400)["status"] == "INVALID_ARGUMENT" and not upstream.requests
 
 
 # --------------------------------------------------------------------------- hostile answers around hidden rounds

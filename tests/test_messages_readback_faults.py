@@ -26,17 +26,23 @@ import httpx
 import pytest
 from mock_upstream import MockUpstream
 from proxy_server import InProcessProxy, make_settings
-from test_faults import RawUpstream, read_request
-from test_messages_faults import (
-    AUTH,
-    MODEL,
-    OFFLOAD,
-    TOOLS,
-    assert_anthropic_error,
-    assert_one_error_event_at_the_end,
-    big_tool_turns,
-    frames,
-)
+from test_faults import CLAUDE as MODEL
+from test_faults import MESSAGES, OFFLOAD, RawUpstream, read_request, sse_frames
+from test_faults import MESSAGES_TOOLS as TOOLS
+from test_faults import _messages_big as big_tool_turns
+
+AUTH = MESSAGES.headers()
+
+
+def assert_anthropic_error(r: httpx.Response, status: int, type_: str | None = None) -> dict[str, Any]:
+    return MESSAGES.assert_error(r, status, {"type": type_} if type_ else None)
+
+
+def assert_one_error_event_at_the_end(raw: bytes, type_: str | None = None) -> dict[str, Any]:
+    return MESSAGES.one_error_event_at_the_end(raw, {"type": type_} if type_ else None)
+
+
+frames = sse_frames
 
 MARK = b"injected"  # in every unusable provider reply: must never reach the client
 SSE = {"content-type": "text/event-stream"}
