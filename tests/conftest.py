@@ -218,7 +218,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 _SHARED_REDIS_FILES = frozenset({"test_redaction.py", "test_redis_urls.py", "test_serve.py", "test_serve_workers.py",
                                  "test_store_said_out_loud.py"})
 # The slowest files go out first, so the last file a worker starts is a short one, not a 60-second tail.
-_SLOWEST_FIRST = ("test_container.py", "test_serve_workers.py", "test_messages_fuzz.py", "test_store_contract.py",
+_SLOWEST_FIRST = ("test_container.py", "test_serve_workers.py", "test_store_contract.py",
                   "test_redis_topologies.py", "test_replay_cli.py", "test_fuzz.py", "test_server_limits.py")
 
 
