@@ -81,3 +81,11 @@ def test_a_scenario_with_degraded_requests_meets_no_target() -> None:
     rows = {r["scenario"]: r for r in floor_targets(res)}
     assert rows["small"]["met"] is True
     assert (rows["c16_rps"]["met"], rows["c16_rps"]["degraded"]) == (False, 3)
+
+
+def test_the_long_body_throughput_target_is_read_from_its_own_scenario():
+    from bench.overhead.targets import floor_targets
+    res = {"scenarios": {"c16_long_rps": {"direct": {"rps": 90.0}, "floor": {"rps": 40.0}, "proxy": {"rps": 21.0}}},
+           "proxy_log": {"c16_long": {"degraded": 0}}}
+    (row,) = floor_targets(res)
+    assert (row["scenario"], row["bound"], row["value"], row["met"]) == ("c16_long_rps", 0.5, 21.0 / 40.0, True)

@@ -44,6 +44,9 @@ machine noise hits them alike. Figures (milliseconds unless stated):
                 every request, non-streaming, sequential; then the same with
                 the agent's ``tools`` array, as agents send it (the proxy then
                 adds its ``context_read`` tool, so it re-serializes the body).
+6. c16_long   - 16 concurrent workers sending those 150k-token bodies with
+                tools (each a new last message): requests/s against the
+                floor's, the real shape of agent traffic.
 
 "added" = proxy minus direct, for the median and for the p99 separately (each
 percentile of its own distribution, not of paired differences); "ratio" =

@@ -151,9 +151,10 @@ async def _recorded(targets: list[Target], n: int, max_s: float,
             out[t.name].append(await call(t, True))
 
 
-async def concurrent_batch(target: Target, body: bytes, count: int, workers: int,
+async def concurrent_batch(target: Target, body: bytes | Callable[[], bytes], count: int, workers: int,
                            scenario: str | None, max_s: float) -> tuple[float, list[float]]:
-    """`count` requests by `workers` concurrent loops; (elapsed s, latencies ms)."""
+    """`count` requests by `workers` concurrent loops; (elapsed s, latencies ms). `body`: the same every time, or
+    a function giving each request's."""
     remaining = count
     lat: list[float] = []
     deadline = time.monotonic() + max_s
@@ -162,7 +163,7 @@ async def concurrent_batch(target: Target, body: bytes, count: int, workers: int
         nonlocal remaining
         while remaining > 0 and time.monotonic() < deadline:
             remaining -= 1
-            lat.append(await target.post(body, scenario))
+            lat.append(await target.post(body if isinstance(body, bytes) else body(), scenario))
 
     t0 = time.perf_counter_ns()
     await asyncio.gather(*(worker() for _ in range(workers)))

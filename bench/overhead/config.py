@@ -29,6 +29,6 @@ LITELLM_REQUIREMENT = "litellm[proxy]==1.108.4"
 LITELLM_START_TIMEOUT = 120.0
 
 FULL = dict(small=1000, small_warm=200, stream=500, stream_warm=50, c16=3000, c16_batches=6,
-            c16_warm=320, long=50, long_warm=5)
+            c16_warm=320, long=50, long_warm=5, c16_long=320, c16_long_warm=32)
 QUICK = dict(small=200, small_warm=50, stream=100, stream_warm=20, c16=600, c16_batches=2,
-             c16_warm=64, long=10, long_warm=2)
+             c16_warm=64, long=10, long_warm=2, c16_long=96, c16_long_warm=16)

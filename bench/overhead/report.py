@@ -16,6 +16,7 @@ ROWS = [
     ("c16_latency", f"{CONCURRENCY} concurrent, latency"),
     ("long", "200 msgs/150k tok, latency"),
     ("long_tools", "  same + tools array, latency"),
+    ("c16_long_latency", f"{CONCURRENCY} concurrent 150k tok, latency"),
 ]
 
 
@@ -61,6 +62,8 @@ def _print_main_table(res: dict[str, Any]) -> None:
     print("-" * len(hdr))
     sc = res["scenarios"]
     for key, label in ROWS:
+        if key not in sc:  # a run from before the scenario existed
+            continue
         d, p = sc[key]["direct"], sc[key]["proxy"]
         print(f"{label:<32}{p['n']:>6}{d['median']:>12.3f}{p['median']:>11.3f}"
               f"{p['median'] - d['median']:>+11.3f}{d['p99']:>12.3f}{p['p99']:>11.3f}"
@@ -86,7 +89,7 @@ def _print_cpu(res: dict[str, Any]) -> None:
         print("CPU time per request (ms, from /proc schedstat over the recorded loops): proxy process per"
               " proxied request (floor and LiteLLM per request of theirs); mock and client per request of"
               " any kind")
-        for key in ("small", "stream", "c16", "long", "long_tools"):
+        for key in ("small", "stream", "c16", "long", "long_tools", "c16_long"):
             if key in cpu:
                 v = cpu[key]
                 extra = "".join(f"   {name} {v[f'{name}_ms_per_{name}_request']:.3f}" for name in (FLOOR, LITELLM)
@@ -114,7 +117,7 @@ def _print_proxy_log(res: dict[str, Any]) -> None:
         print()
         print("proxy's own log (median / p99 ms): overhead_ms = request received -> upstream request"
               " sent; upstream_headers_ms = sent -> upstream headers; total_ms = handler total")
-        for key in ("small", "small_responses", "small_messages", "stream", "c16", "long", "long_tools"):
+        for key in ("small", "small_responses", "small_messages", "stream", "c16", "long", "long_tools", "c16_long"):
             e = bd.get(key)
             if not e:
                 continue
@@ -150,6 +153,8 @@ def print_litellm(res: dict[str, Any]) -> None:
     print(hdr)
     print("-" * len(hdr))
     for key, label in ROWS:
+        if key not in sc:
+            continue
         d, p, lt = sc[key]["direct"], sc[key]["proxy"], sc[key]["litellm"]
         print(f"{label:<32}{lt['n']:>6}{d['median']:>9.3f}{p['median']:>10.3f}{lt['median']:>10.3f}"
               f"{p['median'] - d['median']:>+11.3f}{lt['median'] - d['median']:>+14.3f}"
@@ -181,6 +186,8 @@ def print_floor(res: dict[str, Any]) -> None:
     print(hdr)
     print("-" * len(hdr))
     for key, label in ROWS:
+        if key not in sc:
+            continue
         d, p, f = sc[key]["direct"], sc[key]["proxy"], sc[key][FLOOR]
         fa, pa = f["median"] - d["median"], p["median"] - d["median"]
         fa90, pa90 = f["p90"] - d["p90"], p["p90"] - d["p90"]

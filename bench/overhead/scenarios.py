@@ -1,4 +1,4 @@
-"""The five scenarios, run in one sitting against every target, interleaved.
+"""The six scenarios, run in one sitting against every target, interleaved.
 
 Targets: the mock itself ("direct"), ctxproxy ("proxy"), the bare pass-through
 ("floor") and, with ``--litellm``, LiteLLM. Each sequential scenario sends one
@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench.overhead.client import Target, chat_body, concurrent_batch, interleaved, messages_body, responses_body
@@ -105,17 +107,17 @@ async def _sequential(name: str, targets: list[Target], n: int, warm: int, max_s
     return r
 
 
-async def _concurrent(targets: list[Target], body: bytes, cfg: dict[str, int], max_s: float, procs: Processes,
-                      result: dict[str, Any]) -> None:
+async def _concurrent(targets: list[Target], body: bytes | Callable[[], bytes], cfg: dict[str, int], max_s: float,
+                      procs: Processes, result: dict[str, Any], name: str = "c16") -> None:
     """16 concurrent workers in alternating batches: D P F F P D ... (D P F L L F P D ... with LiteLLM;
-    `c16_batches` counts the batches of two targets)."""
+    `c16_batches` counts the batches of two targets). `name`: c16 (small bodies) or c16_long (150k tokens)."""
     per_target = cfg["c16_batches"] // 2
     n_b = per_target * len(targets)
-    per = cfg["c16"] // per_target
-    print(f"[3/5] {CONCURRENCY} concurrent: {cfg['c16']} requests each in {n_b} "
-          f"alternating batches of {per} ...", flush=True)
+    per = cfg[name] // per_target
+    print(f"[{'3' if name == 'c16' else '6'}/6] {CONCURRENCY} concurrent{' 150k-token bodies' * (name != 'c16')}: "
+          f"{cfg[name]} requests each in {n_b} alternating batches of {per} ...", flush=True)
     for t in targets:
-        await concurrent_batch(t, body, cfg["c16_warm"], CONCURRENCY, None, max_s)
+        await concurrent_batch(t, body, cfg[f"{name}_warm"], CONCURRENCY, None, max_s)
     elapsed = {t.name: 0.0 for t in targets}
     lat: dict[str, list[float]] = {t.name: [] for t in targets}
     batches: dict[str, list[float]] = {t.name: [] for t in targets}
@@ -123,14 +125,14 @@ async def _concurrent(targets: list[Target], body: bytes, cfg: dict[str, int], m
     meter = CpuMeter(procs)
     for t in order[:n_b]:
         with timed_section(meter):
-            s, batch_lat = await concurrent_batch(t, body, per, CONCURRENCY, "c16", max_s)
+            s, batch_lat = await concurrent_batch(t, body, per, CONCURRENCY, name, max_s)
         elapsed[t.name] += s
         lat[t.name] += batch_lat
         batches[t.name].append(len(batch_lat) / s)
-    result["scenarios"]["c16_latency"] = {k: summary(v) for k, v in lat.items()}
-    result["cpu_ms_per_request"]["c16"] = meter.per_request(lat)
-    result["samples_ms"]["c16_latency"] = lat
-    result["scenarios"]["c16_rps"] = {
+    result["scenarios"][f"{name}_latency"] = {k: summary(v) for k, v in lat.items()}
+    result["cpu_ms_per_request"][name] = meter.per_request(lat)
+    result["samples_ms"][f"{name}_latency"] = lat
+    result["scenarios"][f"{name}_rps"] = {
         k: {"requests": len(lat[k]), "seconds": elapsed[k], "rps": len(lat[k]) / elapsed[k],
             "rps_per_batch": batches[k]} for k in lat}
 
@@ -176,7 +178,7 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
 
         # 1. small non-streaming, sequential
         small = chat_body(SMALL_MESSAGES)
-        print(f"[1/5] small non-streaming: {cfg['small']} sequential requests each ...", flush=True)
+        print(f"[1/6] small non-streaming: {cfg['small']} sequential requests each ...", flush=True)
         r = await _sequential("small", targets, cfg["small"], cfg["small_warm"], max_s,
                               lambda t, rec: t.post(small, "small" if rec else None), procs, result)
         sc["small"] = {k: summary(v) for k, v in r.items()}
@@ -187,7 +189,7 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         # configured as a chat pass-through only)
         rsmall = responses_body(SMALL_MESSAGES)
         rtargets = [t for t in targets if t.name != LITELLM]
-        print(f"[1b/5] small Responses API: {cfg['small']} sequential requests each ...", flush=True)
+        print(f"[1b/6] small Responses API: {cfg['small']} sequential requests each ...", flush=True)
         r = await _sequential("small_responses", rtargets, cfg["small"], cfg["small_warm"], max_s,
                               lambda t, rec: t.post_responses(rsmall, "small_responses" if rec else None), procs,
                               result)
@@ -196,13 +198,13 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         samples["small_responses"] = r
 
         # 1d. the same Responses turn over the proxy's WebSocket against the same turn streamed over HTTP
-        print(f"[1d/5] small Responses turn, WebSocket vs HTTP stream: {cfg['small']} rounds ...", flush=True)
+        print(f"[1d/6] small Responses turn, WebSocket vs HTTP stream: {cfg['small']} rounds ...", flush=True)
         sc["small_responses_ws"] = await ws_vs_http(s_proxy, proxy_url + "/v1", rsmall, cfg["small"],
                                                     cfg["small_warm"])
 
         # 1c. and through the Anthropic Messages API (system as `system`, x-api-key), the same three targets
         msmall = messages_body(SMALL_MESSAGES)
-        print(f"[1c/5] small Messages API: {cfg['small']} sequential requests each ...", flush=True)
+        print(f"[1c/6] small Messages API: {cfg['small']} sequential requests each ...", flush=True)
         r = await _sequential("small_messages", rtargets, cfg["small"], cfg["small_warm"], max_s,
                               lambda t, rec: t.post_messages(msmall, "small_messages" if rec else None), procs,
                               result)
@@ -212,7 +214,7 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
 
         # 2. streaming
         sbody = chat_body(SMALL_MESSAGES, stream=True)
-        print(f"[2/5] streaming: {cfg['stream']} sequential requests each ...", flush=True)
+        print(f"[2/6] streaming: {cfg['stream']} sequential requests each ...", flush=True)
         r = await _sequential("stream", targets, cfg["stream"], cfg["stream_warm"], max_s,
                               lambda t, rec: t.stream(sbody, "stream" if rec else None), procs, result)
         sc["stream_first"] = {k: summary([x[0] for x in v]) for k, v in r.items()}
@@ -224,7 +226,7 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         await _concurrent(targets, small, cfg, max_s, procs, result)
 
         # 4. long conversation, new last message each request
-        print(f"[4/5] long conversation ({long_facts['messages']} messages, "
+        print(f"[4/6] long conversation ({long_facts['messages']} messages, "
               f"{long_facts['tokens']:,} tokens, {long_facts['bytes']:,} bytes): "
               f"{cfg['long']} sequential requests each ...", flush=True)
         it = iter(bodies)
@@ -234,12 +236,17 @@ async def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         samples["long"] = r
 
         # 4b. the same with a `tools` array, as agents send it
-        print(f"[5/5] the same with a tools array: {cfg['long']} sequential requests each ...", flush=True)
+        print(f"[5/6] the same with a tools array: {cfg['long']} sequential requests each ...", flush=True)
         it = iter(bodies_tools)
         r = await _sequential("long_tools", targets, cfg["long"], cfg["long_warm"], max_s,
                               lambda t, rec: t.post(next(it), "long_tools" if rec else None), procs, result)
         sc["long_tools"] = {k: summary(v) for k, v in r.items()}
         samples["long_tools"] = r
+
+        # 6. 16 clients sending 150k-token bodies, as agents do (each a new last message: the proxy parses,
+        # rewrites and renders every body)
+        cycle = itertools.cycle(bodies_tools)
+        await _concurrent(targets, lambda: next(cycle), cfg, max_s, procs, result, "c16_long")
         gc.unfreeze()
         result["_request_ids"] = proxy.request_ids
     return result

@@ -19,7 +19,10 @@ ADDED_TARGETS = [
     ("long", "150k-token body", 2.0),
     ("long_tools", "150k-token body + tools", 2.0),
 ]
-THROUGHPUT_TARGET = 0.75  # ctxproxy's requests/s at CONCURRENCY clients, at least this share of the floor's
+# ctxproxy's requests/s at CONCURRENCY clients, at least this share of the floor's: small bodies, and 150k-token ones
+# (the real shape of agent traffic, where the proxy parses and renders every body)
+THROUGHPUT_TARGETS = [("c16_rps", "c16", f"{CONCURRENCY} clients, requests/s", 0.75),
+                      ("c16_long_rps", "c16_long", f"{CONCURRENCY} clients x 150k tokens, req/s", 0.5)]
 
 
 def floor_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
@@ -38,13 +41,14 @@ def floor_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                      "floor_added_ms": fa, "proxy_added_ms": pa, "value": ratio, "bound": bound,
                      "degraded": (logged.get(key) or {}).get("degraded", 0),
                      "met": fa > 0 and ratio <= bound})
-    rps = sc.get("c16_rps") or {}
-    if FLOOR in rps:
+    for key, logged_as, label, bound in THROUGHPUT_TARGETS:
+        rps = sc.get(key) or {}
+        if FLOOR not in rps:
+            continue
         ratio = rps["proxy"]["rps"] / rps[FLOOR]["rps"]
-        rows.append({"scenario": "c16_rps", "label": f"{CONCURRENCY} clients, requests/s",
-                     "figure": "ctxproxy / floor", "floor_rps": rps[FLOOR]["rps"], "proxy_rps": rps["proxy"]["rps"],
-                     "value": ratio, "bound": THROUGHPUT_TARGET, "met": ratio >= THROUGHPUT_TARGET,
-                     "degraded": (logged.get("c16") or {}).get("degraded", 0)})
+        rows.append({"scenario": key, "label": label, "figure": "ctxproxy / floor", "floor_rps": rps[FLOOR]["rps"],
+                     "proxy_rps": rps["proxy"]["rps"], "value": ratio, "bound": bound, "met": ratio >= bound,
+                     "degraded": (logged.get(logged_as) or {}).get("degraded", 0)})
     for row in rows:  # a proxy that forwarded requests unmodified did less than its work: no verdict of it
         row["met"] = row["met"] and not row["degraded"]
     return rows
@@ -61,7 +65,7 @@ def print_targets(rows: list[dict[str, Any]]) -> None:
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        if r["scenario"] == "c16_rps":
+        if r["scenario"].endswith("_rps"):
             floor, proxy, bound = f"{r['floor_rps']:.0f} rps", f"{r['proxy_rps']:.0f} rps", f">= {r['bound']:.2f}"
         else:
             floor, proxy = f"+{r['floor_added_ms']:.3f} ms", f"+{r['proxy_added_ms']:.3f} ms"
