@@ -23,16 +23,13 @@ may nest deeper than orjson writes safely.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import orjson
 
 from proxy.errors import UpstreamUnreachable, anthropic_error_body
 from proxy.wire import jsonio
 from proxy.wire.values import Body, Item
-
-if TYPE_CHECKING:
-    from proxy.wire.codec import Codec
 
 _MESSAGE_MAX_CHARS = 2000  # of a provider's error message repeated in ours
 
@@ -210,12 +207,13 @@ class BaseShape:
 
     usage_field = "usage"
 
-    def __init__(self, codec: Codec, tool: str) -> None:
+    def __init__(self, codec: Any, tool: str) -> None:  # the request's Codec (wire/codec.py imports this module)
         self.codec, self.tool = codec, tool
 
     def continued(self, body: Body, items: list[Item], new: list[Item], reply: Reply) -> Body:
         self.codec.set_items(body, items)
-        return self.codec.render(body)
+        rendered: Body = self.codec.render(body)
+        return rendered
 
     def is_error_event(self, data: dict[str, Any]) -> bool:
         return provider_error(data) is not None
